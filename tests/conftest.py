@@ -1,0 +1,176 @@
+"""Shared fixtures: real PostgreSQL and Redis servers and TCP fault proxies.
+
+Nothing here is mocked: every fixture runs real server processes (see
+tests/harness).  A missing binary fails the test with what to install.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:  # `from harness import ...` however pytest is run
+    sys.path.insert(0, _TESTS_DIR)
+
+from harness import (  # noqa: E402
+    FaultProxy,
+    FaultProxyFactory,
+    PostgresServer,
+    RedisServer,
+    install_signal_cleanup,
+)
+from harness import free_port as _free_port  # noqa: E402
+
+# seconds each session server took to start (reported in the terminal summary)
+_START_TIMES: dict[str, float] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # atexit does not run when the test process is killed by SIGTERM/SIGHUP
+    install_signal_cleanup()
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    parts: list[str] = []
+    if "postgres" in _START_TIMES:
+        initdb = PostgresServer.initdb_seconds()
+        initdb_text = f" (initdb {initdb:.2f} s)" if initdb is not None else ""
+        parts.append(f"postgres started in {_START_TIMES['postgres']:.2f} s{initdb_text}")
+    if "redis" in _START_TIMES:
+        parts.append(f"redis in {_START_TIMES['redis']:.2f} s")
+    if parts:
+        terminalreporter.write_line("harness: " + ", ".join(parts))
+
+
+# -- session servers ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    """The session's PostgreSQL server (started once, includes the one initdb)."""
+    server = PostgresServer(tmp_path_factory.mktemp("pg_session"))
+    try:
+        t0 = time.monotonic()
+        server.start()
+        _START_TIMES["postgres"] = time.monotonic() - t0
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """The session's Redis server (started once)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis_session"))
+    try:
+        t0 = time.monotonic()
+        server.start()
+        _START_TIMES["redis"] = time.monotonic() - t0
+        yield server
+    finally:
+        server.close()
+
+
+# -- per-test views of the session servers ---------------------------------------
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """redis://127.0.0.1:P/0 of the session Redis, FLUSHALL'd before the test."""
+    redis_server.ensure_running()  # a previous test may have paused/stopped it
+    client = redis_server.client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return redis_server.url
+
+
+def _database_name(test_name: str) -> str:
+    stem = re.sub(r"[^a-z0-9_]+", "_", test_name.lower()).strip("_")[:40]
+    return f"t_{stem}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def pg_dsn(pg_server: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """libpq DSN of a fresh, empty database on the session server; dropped after."""
+    pg_server.ensure_running()  # a previous test may have paused/stopped it
+    name = _database_name(request.node.name)
+    pg_server.create_database(name)
+    try:
+        yield pg_server.dsn(name)
+    finally:
+        pg_server.ensure_running()
+        pg_server.drop_database(name)
+
+
+# -- private servers (for tests that stop, kill, pause or fill them) ---------------
+
+
+@pytest.fixture
+def private_pg(tmp_path: Path) -> Iterator[PostgresServer]:
+    """A started PostgreSQL server of the test's own; killed and removed after."""
+    server = PostgresServer(tmp_path / "private_pg")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A started Redis server of the test's own; killed and removed after."""
+    server = RedisServer(tmp_path / "private_redis")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+# -- network faults and state ------------------------------------------------------
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[FaultProxyFactory]:
+    """Factory: fault_proxy(host, port) -> a started FaultProxy; all closed after."""
+    proxies: list[FaultProxy] = []
+
+    def make(host: str, port: int) -> FaultProxy:
+        proxy = FaultProxy(host, port).start()
+        proxies.append(proxy)
+        return proxy
+
+    yield make
+    errors: list[Exception] = []
+    for proxy in proxies:
+        try:
+            proxy.close()
+        except Exception as e:  # noqa: BLE001 - close them all, then report
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    """Callable returning a TCP port on 127.0.0.1 that is free right now (bind port 0)."""
+    return _free_port
+
+
+@pytest.fixture
+def tmp_state_dir(tmp_path: Path) -> Path:
+    """An empty, existing directory for the daemon's state (tmp_path / "state")."""
+    state = tmp_path / "state"
+    state.mkdir()
+    return state
