@@ -1,0 +1,1 @@
+"""Versioned SQL migrations, shipped inside the package (NNNN_name.sql)."""
