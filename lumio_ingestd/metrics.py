@@ -1,0 +1,119 @@
+"""Every Prometheus metric of the daemon, on one explicit registry.
+
+`Metrics` is built once by the composition root and passed down; nothing uses
+the global default registry, so tests build their own and read values back.
+The seed's names are kept exactly (`events_persist_failures_total{outcome}`,
+`events_dead_letter_depth`, `chat_*`). No metric carries an account label:
+label values below are small fixed sets.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+CHAT_PATHS = ("buffered", "direct", "spooled", "lost")
+FLUSH_RESULTS = ("ok", "failed", "deadlettered", "empty")
+PERSIST_OUTCOMES = ("parked", "recovered", "lost", "rejected")
+SPOOL_KINDS = ("chat", "event")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = False) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        if process:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+
+        # -- chat ------------------------------------------------------------
+        self.chat_messages = Counter(
+            "chat_messages", "Chat messages handed to storage, by the path that took them",
+            ["path"], registry=r)
+        for path in CHAT_PATHS:
+            self.chat_messages.labels(path)
+        self.chat_flush_batches = Counter(
+            "chat_flush_batches", "Chat flush batches by result", ["result"], registry=r)
+        for result in FLUSH_RESULTS:
+            self.chat_flush_batches.labels(result)
+        self.chat_messages_flushed = Counter(
+            "chat_messages_flushed", "Chat messages committed to the database by the flush worker",
+            registry=r)
+        self.chat_flush_duration = Histogram(
+            "chat_flush_duration_seconds", "Time of one flush pass over all accounts",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.chat_buffer_depth = Gauge(
+            "chat_buffer_depth", "Chat messages waiting in Redis buffers (and in flight)", registry=r)
+        self.chat_dead_letter_depth = Gauge(
+            "chat_dead_letter_depth", "Chat messages in Redis dead-letter lists", registry=r)
+        self.chat_dead_letters_replayed = Counter(
+            "chat_dead_letters_replayed", "Dead-lettered chat messages committed by the drain",
+            registry=r)
+        self.chat_quarantined = Counter(
+            "chat_quarantined", "Chat messages moved to a quarantine list", registry=r)
+        self.chat_sanitized = Counter(
+            "chat_sanitized", "Chat messages whose values were repaired at the edge "
+            "(NUL, lone surrogate, over-long)", registry=r)
+        self.chat_persistence_queue_depth = Gauge(
+            "chat_persistence_queue_depth", "Chat messages held in memory by sources", registry=r)
+
+        # -- events ----------------------------------------------------------
+        self.events_persist_failures = Counter(
+            "events_persist_failures", "Failed event inserts by outcome; any lost is event loss",
+            ["outcome"], registry=r)
+        for outcome in PERSIST_OUTCOMES:
+            self.events_persist_failures.labels(outcome)
+        self.events_dead_letter_depth = Gauge(
+            "events_dead_letter_depth", "Parked events across all accounts", registry=r)
+        self.events_persisted = Counter(
+            "events_persisted", "Events stored by an inline insert or a replay", ["path"], registry=r)
+        for path in ("inline", "replay", "emit"):
+            self.events_persisted.labels(path)
+        self.events_quarantined = Counter(
+            "events_quarantined", "Events moved to a quarantine list, by reason", ["reason"], registry=r)
+        for reason in ("expired", "permanent", "undecodable", "stuck"):
+            self.events_quarantined.labels(reason)
+        self.events_insert_duration = Histogram(
+            "events_insert_duration_seconds", "Time of one inline event insert, pool wait included",
+            buckets=_LATENCY_BUCKETS, registry=r)
+
+        # -- database --------------------------------------------------------
+        self.db_environmental_errors = Counter(
+            "db_environmental_errors",
+            "Writes that failed for a missing table, column, function or grant: "
+            "a migration or GRANT is needed (data is kept, not refused)", registry=r)
+
+        # -- spool -----------------------------------------------------------
+        self.spool_records = Counter(
+            "spool_records", "Records written to and replayed from the local spool",
+            ["kind", "op"], registry=r)
+        for kind in SPOOL_KINDS:
+            for op in ("written", "replayed"):
+                self.spool_records.labels(kind, op)
+        self.spool_bytes = Gauge("spool_bytes", "Bytes in the local spool not yet replayed", registry=r)
+        self.spool_lost = Counter(
+            "spool_lost", "Records the spool could not take, by reason", ["kind", "reason"], registry=r)
+        self.spool_torn_tails = Counter(
+            "spool_torn_tails", "Torn or corrupt spool tails truncated at start", registry=r)
+
+        # -- redis, leases, workers -----------------------------------------
+        self.redis_noeviction = Gauge(
+            "redis_maxmemory_policy_noeviction",
+            "1 when Redis runs with maxmemory-policy noeviction, 0 when it may evict our keys",
+            registry=r)
+        self.redis_aof_enabled = Gauge(
+            "redis_aof_enabled", "1 when Redis runs with appendonly yes", registry=r)
+        self.lease_held = Gauge("lease_held", "1 while this process holds the lease", ["lease"], registry=r)
+        self.worker_errors = Counter(
+            "worker_errors", "Exceptions caught at a worker's loop boundary", ["worker"], registry=r)
+        self.worker_restarts = Counter(
+            "worker_restarts", "Workers restarted by the supervisor after they died", ["worker"],
+            registry=r)

@@ -1,0 +1,259 @@
+"""Chat messages and platform events, sanitized at the edge, and their stored form.
+
+Every value that reaches a batch here is one the database accepts: NUL
+characters and lone surrogates are replaced with U+FFFD and lengths are capped
+when a message or event is built, so one bad frame cannot poison a batch.
+
+The entries kept in Redis and the spool are JSON objects with a format version
+`v`; `from_entry` reads every version this code has ever written, so a newer
+daemon still drains what an older one left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+ENTRY_VERSION = 1
+
+MAX_ID = 256
+MAX_NAME = 256
+MAX_TEXT = 10_000
+MAX_TYPE = 128
+MAX_JSON_STRING = 10_000
+MAX_JSON_DEPTH = 32
+
+_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+class EntryError(ValueError):
+    """A stored entry that this code cannot read back."""
+
+
+def clean_text(value: object, limit: int) -> str:
+    """A string the database accepts: no NUL, no lone surrogate, at most `limit` chars."""
+    text = value if isinstance(value, str) else ("" if value is None else str(value))
+    if _BAD_CHARS.search(text):
+        text = _BAD_CHARS.sub("\ufffd", text)
+    if len(text) > limit:
+        text = text[:limit]
+    return text
+
+
+def clean_json(value: Any, depth: int = 0) -> Any:
+    """A JSON value the jsonb type accepts (no \\u0000, no lone surrogate), bounded."""
+    if isinstance(value, str):
+        return clean_text(value, MAX_JSON_STRING)
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if depth >= MAX_JSON_DEPTH:
+        return None
+    if isinstance(value, Mapping):
+        return {clean_text(k, MAX_NAME): clean_json(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v, depth + 1) for v in value]
+    return clean_text(value, MAX_JSON_STRING)
+
+
+def utc(ts: datetime) -> datetime:
+    """An aware UTC datetime (naive input is taken as UTC)."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def parse_time(text: str) -> datetime:
+    """RFC 3339 with 0 to 9 fractional digits; microseconds are kept, the rest dropped."""
+    match = re.fullmatch(
+        r"(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:?\d\d)?", text.strip())
+    if not match:
+        raise ValueError(f"not an RFC 3339 timestamp: {text[:64]!r}")
+    day, clock, frac, zone = match.groups()
+    micros = (frac or "")[:6].ljust(6, "0")
+    if zone in (None, "Z", "z"):
+        zone = "+00:00"
+    elif ":" not in zone:
+        zone = zone[:3] + ":" + zone[3:]
+    return utc(datetime.fromisoformat(f"{day}T{clock}.{micros}{zone}"))
+
+
+def format_time(ts: datetime) -> str:
+    return utc(ts).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def uuid7(now_ms: int | None = None) -> uuid.UUID:
+    """A time-ordered UUID (RFC 9562 version 7): 48 bits of Unix milliseconds, then random."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= ((rand >> 62) & 0xFFF) << 64
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return uuid.UUID(int=value)
+
+
+def _dumps(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _loads(raw: bytes | str) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EntryError(f"entry is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise EntryError("entry is not a JSON object")
+    version = obj.get("v")
+    if version != ENTRY_VERSION:
+        raise EntryError(f"entry has unknown format version {version!r}")
+    return obj
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    platform: str
+    account_id: int
+    message_id: str
+    created_at: datetime
+    user_id: str = ""
+    user_login: str = ""
+    display_name: str = ""
+    text: str = ""
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    # True when building it had to repair a value (counted by the caller).
+    sanitized: bool = field(default=False, compare=False)
+
+    @classmethod
+    def create(cls, *, platform: str, account_id: int, message_id: str, created_at: datetime,
+               user_id: object = "", user_login: object = "", display_name: object = "",
+               text: object = "", extras: Mapping[str, Any] | None = None) -> ChatMessage:
+        raw = (message_id, user_id, user_login, display_name, text)
+        clean = (clean_text(message_id, MAX_ID), clean_text(user_id, MAX_ID),
+                 clean_text(user_login, MAX_NAME), clean_text(display_name, MAX_NAME),
+                 clean_text(text, MAX_TEXT))
+        cleaned_extras = clean_json(dict(extras or {}))
+        return cls(platform=clean_text(platform, 32), account_id=int(account_id),
+                   message_id=clean[0], created_at=utc(created_at), user_id=clean[1],
+                   user_login=clean[2], display_name=clean[3], text=clean[4],
+                   extras=cleaned_extras,
+                   sanitized=any(a != b for a, b in zip(raw, clean, strict=True))
+                   or cleaned_extras != dict(extras or {}))
+
+    def to_entry(self) -> bytes:
+        return _dumps({
+            "v": ENTRY_VERSION, "platform": self.platform, "account_id": self.account_id,
+            "message_id": self.message_id, "created_at": format_time(self.created_at),
+            "user_id": self.user_id, "user_login": self.user_login,
+            "display_name": self.display_name, "text": self.text, "extras": self.extras,
+        })
+
+    @classmethod
+    def from_entry(cls, raw: bytes | str) -> ChatMessage:
+        obj = _loads(raw)
+        try:
+            return cls.create(
+                platform=obj["platform"], account_id=obj["account_id"],
+                message_id=obj["message_id"], created_at=parse_time(obj["created_at"]),
+                user_id=obj.get("user_id", ""), user_login=obj.get("user_login", ""),
+                display_name=obj.get("display_name", ""), text=obj.get("text", ""),
+                extras=obj.get("extras") or {},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EntryError(f"chat entry is incomplete: {exc}") from exc
+
+    def row(self) -> tuple[Any, ...]:
+        """Values in the column order of `CHAT_COLUMNS`."""
+        return (self.account_id, self.platform, self.message_id, self.created_at, self.user_id,
+                self.user_login, self.display_name, self.text, json.dumps(self.extras))
+
+
+CHAT_COLUMNS = ("account_id", "platform", "message_id", "created_at", "user_id", "user_login",
+                "display_name", "text", "extras")
+
+
+@dataclass(frozen=True, slots=True)
+class EventChild:
+    """A row that belongs to an event: one recipient of a gift bundle."""
+
+    kind: str
+    user_id: str | None = None
+    user_login: str | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "user_id": self.user_id, "user_login": self.user_login,
+                "payload": self.payload}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> EventChild:
+        return cls(kind=clean_text(obj["kind"], MAX_TYPE),
+                   user_id=_opt(obj.get("user_id"), MAX_ID),
+                   user_login=_opt(obj.get("user_login"), MAX_NAME),
+                   payload=clean_json(dict(obj.get("payload") or {})))
+
+
+def _opt(value: object, limit: int) -> str | None:
+    if value is None:
+        return None
+    text = clean_text(value, limit)
+    return text or None
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformEvent:
+    id: uuid.UUID
+    created_at: datetime
+    account_id: int
+    platform: str
+    type: str
+    external_id: str | None
+    payload: Mapping[str, Any]
+    user_id: str | None = None
+    children: tuple[EventChild, ...] = ()
+
+    @classmethod
+    def new(cls, *, account_id: int, platform: str, type: str, payload: Mapping[str, Any],
+            created_at: datetime | None = None, external_id: object = None,
+            user_id: object = None, children: tuple[EventChild, ...] = (),
+            id: uuid.UUID | None = None) -> PlatformEvent:
+        """Build an event; its id and created_at are fixed here, once, before any insert."""
+        return cls(
+            id=id or uuid7(), created_at=utc(created_at or datetime.now(UTC)),
+            account_id=int(account_id), platform=clean_text(platform, 32),
+            type=clean_text(type, MAX_TYPE), external_id=_opt(external_id, MAX_ID),
+            payload=clean_json(dict(payload)), user_id=_opt(user_id, MAX_ID),
+            children=tuple(EventChild.from_json(c.to_json()) for c in children),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": ENTRY_VERSION, "id": str(self.id), "created_at": format_time(self.created_at),
+            "account_id": self.account_id, "platform": self.platform, "type": self.type,
+            "external_id": self.external_id, "user_id": self.user_id, "payload": self.payload,
+            "children": [c.to_json() for c in self.children],
+        }
+
+    def to_entry(self) -> bytes:
+        return _dumps(self.to_json())
+
+    @classmethod
+    def from_entry(cls, raw: bytes | str) -> PlatformEvent:
+        obj = _loads(raw)
+        try:
+            return cls.new(
+                id=uuid.UUID(obj["id"]), created_at=parse_time(obj["created_at"]),
+                account_id=obj["account_id"], platform=obj["platform"], type=obj["type"],
+                external_id=obj.get("external_id"), user_id=obj.get("user_id"),
+                payload=obj.get("payload") or {},
+                children=tuple(EventChild.from_json(c) for c in obj.get("children") or ()),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise EntryError(f"event entry is incomplete: {exc}") from exc

@@ -1,0 +1,70 @@
+"""Building the Redis client and checking the server's durability settings.
+
+The client has short socket timeouts and no automatic retries: a refused or
+slow Redis must surface at once so the caller can take the next tier (direct
+insert, spool) instead of waiting inside redis-py's retry loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .config import RedisConfig
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# What a Redis failure looks like to the tiers above: down, timed out, OOM
+# (maxmemory), READONLY (a replica), MISCONF (cannot persist), busy scripts.
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError)
+
+
+def connect(cfg: RedisConfig) -> redis.Redis:
+    return redis.Redis.from_url(
+        cfg.url,
+        password=cfg.password.reveal() if cfg.password is not None else None,
+        socket_timeout=cfg.socket_timeout_secs,
+        socket_connect_timeout=cfg.connect_timeout_secs,
+        socket_keepalive=True,
+        health_check_interval=30,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        decode_responses=False,
+    )
+
+
+def check_durability(client: redis.Redis, metrics: Metrics) -> list[str]:
+    """Warn (and export) when Redis may evict or forget our keys. Never raises."""
+    warnings: list[str] = []
+    try:
+        policy = _config_get(client, "maxmemory-policy")
+        aof = _config_get(client, "appendonly")
+    except REDIS_ERRORS as exc:
+        log.warning("cannot read the Redis configuration (%s); eviction policy unknown", exc)
+        metrics.redis_noeviction.set(0)
+        return [f"redis configuration unreadable: {exc}"]
+    metrics.redis_noeviction.set(1 if policy == "noeviction" else 0)
+    metrics.redis_aof_enabled.set(1 if aof == "yes" else 0)
+    if policy != "noeviction":
+        warnings.append(
+            f"Redis maxmemory-policy is {policy!r}, not 'noeviction': under memory pressure "
+            "Redis may evict buffered chat and parked events (dead-letter keys, which carry a "
+            "TTL, go first under volatile-* policies). Set maxmemory-policy noeviction.")
+    if aof != "yes":
+        warnings.append(
+            "Redis runs without AOF (appendonly no): what it holds is lost if it restarts. "
+            "Set appendonly yes and appendfsync everysec.")
+    for text in warnings:
+        log.warning("%s", text)
+    return warnings
+
+
+def _config_get(client: redis.Redis, name: str) -> str:
+    reply: Any = client.config_get(name)
+    value = reply.get(name, reply.get(name.encode(), ""))
+    return value.decode() if isinstance(value, bytes) else str(value)

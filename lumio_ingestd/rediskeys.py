@@ -1,0 +1,51 @@
+"""The Redis key layout (INTERFACE.md). The account id sits in braces so that all
+of one account's keys share a Redis Cluster hash slot and one Lua script may
+touch several of them."""
+
+from __future__ import annotations
+
+CHAT_DRAIN_LEADER = "lumio:chat:deadletter:drain:leader"
+EVENTS_DRAIN_LEADER = "lumio:events:deadletter:drain:leader"
+
+
+def chat_buffer(account_id: int) -> str:
+    return f"lumio:chat:buffer:{{{account_id}}}"
+
+
+def chat_deadletter(account_id: int) -> str:
+    return f"lumio:chat:deadletter:{{{account_id}}}"
+
+
+def chat_quarantine(account_id: int) -> str:
+    return f"lumio:chat:quarantine:{{{account_id}}}"
+
+
+def chat_inflight(account_id: int, instance: str) -> str:
+    return f"lumio:chat:inflight:{{{account_id}}}:{instance}"
+
+
+def events_deadletter(account_id: int) -> str:
+    return f"lumio:events:deadletter:{{{account_id}}}"
+
+
+def events_quarantine(account_id: int) -> str:
+    return f"lumio:events:quarantine:{{{account_id}}}"
+
+
+def events_inflight(account_id: int, instance: str) -> str:
+    return f"lumio:events:inflight:{{{account_id}}}:{instance}"
+
+
+def instance_heartbeat(instance: str) -> str:
+    return f"lumio:instance:{instance}"
+
+
+def account_of(key: str) -> int:
+    """The account id inside a key's braces."""
+    start = key.index("{") + 1
+    return int(key[start:key.index("}", start)])
+
+
+def instance_of_inflight(key: str) -> str:
+    """The instance id after the hash tag of an in-flight key."""
+    return key[key.index("}:") + 2:]
