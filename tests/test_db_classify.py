@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 import psycopg2
 import pytest
-from harness.servers import PostgresServer
 
+from harness.servers import PostgresServer
 from lumio_ingestd.db.errors import Classified, Kind, classify
 
 Conn = psycopg2.extensions.connection

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+
 from harness.proxy import FaultProxyFactory
 from harness.servers import PostgresServer
-from support import make_config
-
 from lumio_ingestd.db.errors import (
     DeadlineExceeded,
     Kind,
@@ -21,6 +20,7 @@ from lumio_ingestd.db.errors import (
     classify,
 )
 from lumio_ingestd.db.pool import Pool
+from support import make_config
 
 
 def _pool(tmp_path: Path, url: str, **timescale: object) -> Pool:

@@ -14,10 +14,11 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 import redis
-from harness import FaultProxy, FaultProxyFactory, HarnessError, PostgresServer, RedisServer
-from harness import servers as servers_mod
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from harness import FaultProxy, FaultProxyFactory, HarnessError, PostgresServer, RedisServer
+from harness import servers as servers_mod
 
 # -- helpers ---------------------------------------------------------------------
 

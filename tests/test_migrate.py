@@ -10,9 +10,8 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from harness.servers import PostgresServer
-from support import make_config
 
+from harness.servers import PostgresServer
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import (
     Migration,
@@ -22,6 +21,7 @@ from lumio_ingestd.db.migrate import (
     packaged_migrations,
 )
 from lumio_ingestd.db.pool import Pool
+from support import make_config
 
 TABLES = {"chat_messages", "events", "event_children", "stream_sessions",
           "bsky_records", "jetstream_cursor", "schema_migrations"}
