@@ -16,12 +16,18 @@ from typing import NoReturn
 
 import psycopg2
 
-from . import __version__, exitcodes
+from . import __version__, admin, exitcodes
 from .config import Config, ConfigError, load, redacted_lines, resolve_path
+from .db.errors import DatabaseUnavailable
 from .db.migrate import MigrationError, MigrationLockTimeout, migrate
 from .logs import setup_logging
+from .redisclient import REDIS_ERRORS
 
 log = logging.getLogger("lumio_ingestd")
+
+# Failures that mean "a server we need is not there", not a bug: exit 69.
+_UNAVAILABLE: tuple[type[Exception], ...] = (
+    psycopg2.OperationalError, DatabaseUnavailable, *REDIS_ERRORS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,13 +48,48 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run the daemon in the foreground (the default)")
     sub.add_parser("migrate", help="apply database migrations, then exit")
     sub.add_parser("check-config", help="validate the configuration without contacting any server")
+    ret = sub.add_parser("retention", help="delete chat and events past their retention, once")
+    ret.add_argument("--once", action="store_true", required=True,
+                     help="run one retention pass now (the daemon runs it daily by itself)")
+    ret.add_argument("--batch-size", type=_positive_int, default=10_000, help="rows per transaction")
+    erase = sub.add_parser("gdpr-erase", help="erase every row and buffered entry of a platform user")
+    erase.add_argument("--platform", required=True, choices=PLATFORMS)
+    erase.add_argument("--user-id", required=True)
+    exp = sub.add_parser("export", help="write an account's or a platform user's rows as JSON Lines")
+    who = exp.add_mutually_exclusive_group(required=True)
+    who.add_argument("--account", type=_positive_int, metavar="A")
+    who.add_argument("--platform", choices=PLATFORMS)
+    exp.add_argument("--user-id", help="with --platform")
+    exp.add_argument("-o", "--output", metavar="FILE", help="write here instead of standard output")
+    dis = sub.add_parser("dissolve-account", help="delete all rows and Redis keys of one account")
+    dis.add_argument("account", type=_positive_int, metavar="A")
+    dis.add_argument("--yes", action="store_true", help="confirm: this cannot be undone")
     return parser
+
+
+PLATFORMS = ("twitch", "kick", "streamelements", "seventv", "bluesky")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ if environ is None else environ)
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
     command = args.command or "run"
+    if command == "export" and (args.platform is None) != (args.user_id is None):
+        parser.error("export: --platform and --user-id go together (or use --account)")
+    if command == "dissolve-account" and not args.yes:
+        parser.error(f"dissolve-account deletes every row and Redis key of account {args.account} "
+                     "and cannot be undone: add --yes to confirm")
     path = resolve_path(args.config, env)
     try:
         cfg = load(path, env)
@@ -62,9 +103,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     handlers: dict[str, Callable[[Config], int]] = {
         "migrate": _migrate,
         "run": _run,
+        "retention": lambda c: admin.retention_once(c, args.batch_size),
+        "gdpr-erase": lambda c: admin.gdpr_erase(c, args.platform, args.user_id),
+        "export": lambda c: admin.export(c, args.output, args.account, args.platform, args.user_id),
+        "dissolve-account": lambda c: admin.dissolve(c, args.account),
     }
     try:
         return handlers[command](cfg)
+    except _UNAVAILABLE as exc:
+        log.error("%s: a required service is unavailable: %s", command, str(exc).strip())
+        return exitcodes.UNAVAILABLE
     except Exception:
         log.exception("%s failed with an internal error", command)
         return exitcodes.SOFTWARE
