@@ -104,6 +104,22 @@ class Metrics:
         self.spool_torn_tails = Counter(
             "spool_torn_tails", "Torn or corrupt spool tails truncated at start", registry=r)
 
+        # -- sources ---------------------------------------------------------
+        self.source_connects = Counter(
+            "source_connects", "Platform connections established", ["platform"], registry=r)
+        self.source_connect_failures = Counter(
+            "source_connect_failures", "Platform connection attempts that failed", ["platform"],
+            registry=r)
+        self.source_disconnects = Counter(
+            "source_disconnects", "Platform connections lost (reconnected after)", ["platform"],
+            registry=r)
+        self.source_frames = Counter(
+            "source_frames", "Frames read from platform sockets and webhooks, by what they became",
+            ["platform", "kind"], registry=r)
+        self.source_bad_frames = Counter(
+            "source_bad_frames", "Frames refused as malformed or unsupported, by reason",
+            ["platform", "reason"], registry=r)
+
         # -- redis, leases, workers -----------------------------------------
         self.redis_noeviction = Gauge(
             "redis_maxmemory_policy_noeviction",

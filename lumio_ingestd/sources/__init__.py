@@ -1,0 +1,1 @@
+"""Platform sources: one thread per socket (see base.py)."""

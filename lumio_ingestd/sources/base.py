@@ -1,0 +1,120 @@
+"""The Source base: one thread per platform socket.
+
+A source connects, reads with a timeout, parses, and hands what it read over
+(chat to a persistence queue, events to `persist_event`, records to their
+store). When the connection fails it reconnects with jittered exponential
+backoff, waiting on the stop event so a stop request ends the wait at once.
+`wake()` closes the socket from another thread so a blocked read returns.
+Before the thread reports stopped, `release()` pushes whatever the source
+still holds in memory to durable storage.
+
+Durable when a source has stopped: everything it accepted from its socket
+was handed to a durable tier (Redis, the database, or the spool) by
+`release()`; what the platform sends after the socket closed is not ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from ..metrics import Metrics
+from ..worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+class SourceClosed(Exception):
+    """The connection ended (closed by the peer, by a protocol rule, or by `wake()`)."""
+
+
+class Source(Worker):
+    """Subclasses implement `connect()`, `read_once()` and `close()`, and may override `release()`."""
+
+    platform: str = "unknown"
+    #: Jittered exponential backoff between connection attempts.
+    reconnect_min_secs: float = 1.0
+    reconnect_max_secs: float = 60.0
+    #: A healthy connection that lasted this long resets the backoff.
+    stable_after_secs: float = 30.0
+
+    def __init__(self, name: str, metrics: Metrics) -> None:
+        super().__init__(name, metrics)
+        self.connected = False
+        self._attempts = 0
+        self._connected_at = 0.0
+        self._rng = random.Random()
+
+    # -- for subclasses ----------------------------------------------------------
+
+    def connect(self) -> None:
+        """Open the connection (bounded by a timeout); raise on failure."""
+        raise NotImplementedError
+
+    def read_once(self) -> None:
+        """Read and handle what arrives within one read timeout; raise SourceClosed when it ends."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the connection; safe to call from another thread and more than once."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Hand what is held in memory to durable storage (called before stopping)."""
+
+    def idle(self) -> None:
+        """Called after every read turn (timers: keepalive checks, queue age)."""
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run_once(self) -> float:
+        if not self.connected:
+            try:
+                self.connect()
+            except Exception as exc:  # noqa: BLE001 - any failure to connect means: back off, retry
+                self._attempts += 1
+                delay = self.next_backoff()
+                self.metrics.source_connect_failures.labels(self.platform).inc()
+                log.warning("%s: connect failed (%s: %s); retry %d in %.1fs", self.name,
+                            type(exc).__name__, exc, self._attempts, delay)
+                return delay
+            self.connected = True
+            self._connected_at = time.monotonic()
+            self.metrics.source_connects.labels(self.platform).inc()
+            log.info("%s: connected", self.name)
+        try:
+            self.read_once()
+        except SourceClosed as exc:
+            return self._lost(str(exc) or "connection closed")
+        except OSError as exc:
+            return self._lost(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.idle()
+        return 0.0
+
+    def _lost(self, why: str) -> float:
+        self.connected = False
+        self.close()
+        if self.stopping:
+            return 0.0
+        if time.monotonic() - self._connected_at >= self.stable_after_secs:
+            self._attempts = 0
+        self._attempts += 1
+        delay = self.next_backoff()
+        self.metrics.source_disconnects.labels(self.platform).inc()
+        log.warning("%s: disconnected (%s); reconnecting in %.1fs", self.name, why, delay)
+        return delay
+
+    def next_backoff(self) -> float:
+        """Full jitter: uniform in [min, min(max, min * 2^attempts)]."""
+        ceiling = min(self.reconnect_max_secs, self.reconnect_min_secs * 2.0 ** max(0, self._attempts - 1))
+        return self._rng.uniform(self.reconnect_min_secs, max(self.reconnect_min_secs, ceiling))
+
+    def wake(self) -> None:
+        self.close()
+
+    def final(self) -> None:
+        self.connected = False
+        self.close()
+        self.release()
