@@ -1,0 +1,172 @@
+"""Benchmark of event durability: inline persist latency, time to park, replay throughput.
+
+    .venv/bin/python bench/bench_events.py [--events 2000] [--replay 5000]
+
+Starts its own private PostgreSQL (fsync and synchronous_commit on, as in
+production) and Redis through tests/harness, and measures:
+
+- `persist_event` latency in normal operation (p50/p99/max), events with and
+  without an external id (the advisory-lock + EXISTS path and the ON CONFLICT
+  path), some with gift recipients;
+- time to park with the database stopped (connection refused) and black-holed
+  (a fault proxy that answers nothing: the insert bound of 3 s decides);
+- replay throughput of the retry worker (events per second of one pass).
+
+Prints a table and writes bench/results/bench_events.json. Not a test: no
+thresholds here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (str(ROOT), str(ROOT / "tests")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from events_support import make_event, make_rig  # noqa: E402
+
+from harness import FaultProxy, PostgresServer, RedisServer  # noqa: E402
+from lumio_ingestd.events.deadletter import DeadLetters  # noqa: E402
+from lumio_ingestd.model import PlatformEvent  # noqa: E402
+
+DURABLE_PG = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+    return {"n": len(ordered), "p50_ms": pct(50) * 1000, "p99_ms": pct(99) * 1000,
+            "max_ms": ordered[-1] * 1000, "mean_ms": statistics.fmean(ordered) * 1000}
+
+
+def _time_each(events: list[PlatformEvent], persist: Callable[[PlatformEvent], str],
+               expect: str) -> list[float]:
+    times = []
+    for ev in events:
+        started = time.perf_counter()
+        outcome = persist(ev)
+        times.append(time.perf_counter() - started)
+        if outcome != expect:
+            raise SystemExit(f"unexpected outcome {outcome!r} (wanted {expect!r})")
+    return times
+
+
+def _mixed(n: int, account: int, tag: str) -> list[PlatformEvent]:
+    return [make_event(account=account, n=i, external_id=f"{tag}-{i}" if i % 2 else None,
+                       children=3 if i % 10 == 0 else 0) for i in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=2000, help="inline inserts to time")
+    parser.add_argument("--down", type=int, default=200, help="parks to time with the database stopped")
+    parser.add_argument("--blackhole", type=int, default=3, help="parks to time with it black-holed")
+    parser.add_argument("--replay", type=int, default=5000, help="parked events to replay")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)  # one "parking it" warning per event otherwise
+
+    work = Path(tempfile.mkdtemp(prefix="bench-events-"))
+    pg = PostgresServer(work / "pg", settings=DURABLE_PG)
+    rd = RedisServer(work / "redis")
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "settings": {"insert_timeout_secs": 3, "pool_size": 5, "pg": DURABLE_PG},
+    }
+    try:
+        pg.start()
+        rd.start()
+        proxy = FaultProxy("127.0.0.1", pg.port).start()
+        try:
+            # The measured paths talk to the database directly; only the
+            # black-hole case goes through the (Python, so slower) fault proxy.
+            rig = make_rig(work, pg.url(), rd.url, timescale={"pool_size": 5})
+            holed = make_rig(work, f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres", rd.url,
+                             migrate_db=False, timescale={"pool_size": 5})
+            rig.warm()
+            holed.warm()
+
+            # 1. normal operation
+            events = _mixed(args.events, 1, "n")
+            times = _time_each(events, lambda ev: rig.ingest.persist_event(ev).outcome, "stored")
+            results["persist_normal"] = _stats(times)
+            with_ext = [t for ev, t in zip(events, times, strict=True) if ev.external_id]
+            without = [t for ev, t in zip(events, times, strict=True) if not ev.external_id]
+            results["persist_normal_external_id"] = _stats(with_ext)
+            results["persist_normal_no_external_id"] = _stats(without)
+
+            # 2. time to park, database black-holed (first on a pooled connection, then fresh)
+            proxy.blackhole()
+            times = _time_each(_mixed(args.blackhole, 2, "b"),
+                               lambda ev: holed.ingest.persist_event(ev).outcome, "parked")
+            results["park_blackholed"] = _stats(times)
+            proxy.pass_through()
+            holed.close()
+
+            # 3. time to park, database stopped
+            pg.stop()
+            times = _time_each(_mixed(args.down, 3, "d"),
+                               lambda ev: rig.ingest.persist_event(ev).outcome, "parked")
+            results["park_db_stopped"] = _stats(times)
+            pg.start()
+
+            # 4. replay throughput: a backlog across 10 accounts
+            backlog = [ev for account in range(10, 20)
+                       for ev in _mixed(args.replay // 10, account, f"r{account}")]
+            dl = DeadLetters(rig.redis)
+            for account in range(10, 20):
+                dl.park(account, [ev.to_entry() for ev in backlog if ev.account_id == account])
+            worker = rig.worker("bench", lease_ttl_secs=60, batch_size=100, pass_budget_secs=3600)
+            already = args.blackhole + args.down  # parked above, replayed in the same pass
+            started = time.perf_counter()
+            report = worker.run_pass()
+            took = time.perf_counter() - started
+            if report.stored != len(backlog) + already or report.stopped:
+                raise SystemExit(f"replay incomplete: {report}")
+            results["replay"] = {"events": report.stored, "seconds": took,
+                                 "events_per_sec": report.stored / took}
+            # The same backlog again: every entry already stored (dedup path only).
+            for account in range(10, 20):
+                dl.park(account, [ev.to_entry() for ev in backlog if ev.account_id == account])
+            started = time.perf_counter()
+            report = worker.run_pass()
+            took = time.perf_counter() - started
+            results["replay_already_stored"] = {"events": report.recovered, "seconds": took,
+                                                "events_per_sec": report.recovered / took}
+            rig.close()
+        finally:
+            proxy.close()
+    finally:
+        pg.close()
+        rd.close()
+
+    print(f"{'measure':<34}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
+    for key in ("persist_normal", "persist_normal_external_id", "persist_normal_no_external_id",
+                "park_db_stopped", "park_blackholed"):
+        s = results[key]
+        print(f"{key:<34}{s['n']:>7}{s['p50_ms']:>10.2f}{s['p99_ms']:>10.2f}{s['max_ms']:>10.2f}")
+    for key in ("replay", "replay_already_stored"):
+        r = results[key]
+        print(f"{key:<34}{r['events']:>7} events in {r['seconds']:.2f}s = {r['events_per_sec']:.0f}/s")
+    out = ROOT / "bench" / "results" / "bench_events.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Redis operations on parked events: park, claim, put back, settle, quarantine.
+
+Keys (rediskeys): `lumio:events:deadletter:{A}` (parked events, oldest first),
+`lumio:events:inflight:{A}:INSTANCE` (what one replayer has claimed and not
+yet settled) and `lumio:events:quarantine:{A}` (what no retry can store). All
+of one account's keys share the `{A}` hash tag, so each script below touches
+one Redis Cluster slot.
+
+A claim moves entries from the head of the dead-letter list to the claimer's
+in-flight list in one script, and an entry leaves the in-flight list only
+after the database committed it (or it went to the quarantine in the same
+MULTI). A process killed at any line therefore leaves every entry in exactly
+one of: the dead-letter list, an in-flight list, the database, the
+quarantine. `put_back` moves an in-flight list back to the head of the
+dead-letter list in its order; the retry worker uses it for its own remainder
+after a transient error and for the in-flight lists of dead instances.
+
+Durable when a function returns: whatever Redis acknowledged (subject to its
+own AOF policy; RELIABILITY.md takeaway 10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import redis
+
+from .. import rediskeys
+from ..quarantine import quarantine_entry
+
+# The dead-letter key's TTL, refreshed on every park and every put-back. It
+# is only a far safety net for a deployment whose replayers are all gone:
+# entries are quarantined by their own created_at (reason "expired") long
+# before it fires while any replica runs. The seed's 72 h; the [events]
+# section has no key for it (chat's deadletter_ttl_hours is chat's).
+DEADLETTER_TTL_SECS = 72 * 3600
+
+# KEYS[1] dead-letter list, KEYS[2] in-flight list; ARGV[1] how many.
+# Returns the claimed entries, oldest first.
+_CLAIM = """
+local items = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+if #items > 0 then
+    redis.call('LTRIM', KEYS[1], #items, -1)
+    redis.call('RPUSH', KEYS[2], unpack(items))
+end
+return items
+"""
+
+# KEYS[1] dead-letter list, KEYS[2] in-flight list; ARGV[1] TTL in ms.
+# Moves the whole in-flight list to the head of the dead-letter list, in its
+# order, and refreshes the TTL (a list emptied by LTRIM lost its key and TTL).
+_PUT_BACK = """
+local items = redis.call('LRANGE', KEYS[2], 0, -1)
+if #items > 0 then
+    for i = #items, 1, -1 do
+        redis.call('LPUSH', KEYS[1], items[i])
+    end
+    redis.call('DEL', KEYS[2])
+    redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return #items
+"""
+
+# How many entries one claim takes; bounds Lua's unpack() and what a put-back moves.
+MAX_CLAIM = 500
+
+
+class DeadLetters:
+    """The dead-letter, in-flight and quarantine lists of every account."""
+
+    def __init__(self, client: redis.Redis, ttl_secs: float = DEADLETTER_TTL_SECS) -> None:
+        self._client = client
+        self.ttl_ms = max(1, int(ttl_secs * 1000))
+        self._claim = client.register_script(_CLAIM)
+        self._put_back = client.register_script(_PUT_BACK)
+
+    def park(self, account_id: int, entries: Sequence[bytes]) -> None:
+        """Append entries to the account's dead-letter list and refresh its TTL, atomically."""
+        key = rediskeys.events_deadletter(account_id)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.rpush(key, *entries)
+        pipe.pexpire(key, self.ttl_ms)
+        pipe.execute()
+
+    def park_many(self, by_account: dict[int, list[bytes]]) -> None:
+        """`park` for several accounts in one MULTI."""
+        pipe = self._client.pipeline(transaction=True)
+        for account_id, entries in by_account.items():
+            key = rediskeys.events_deadletter(account_id)
+            pipe.rpush(key, *entries)
+            pipe.pexpire(key, self.ttl_ms)
+        pipe.execute()
+
+    def claim(self, account_id: int, instance: str, count: int) -> list[bytes]:
+        """Move up to `count` entries from the head of the list into our in-flight list."""
+        items = self._claim(
+            keys=[rediskeys.events_deadletter(account_id),
+                  rediskeys.events_inflight(account_id, instance)],
+            args=[max(1, min(count, MAX_CLAIM))])
+        return list(items)
+
+    def settle(self, account_id: int, instance: str, raw: bytes) -> None:
+        """Drop one entry from our in-flight list: the database has it."""
+        # redis-py's annotations say str; bytes go to the server unchanged.
+        self._client.lrem(rediskeys.events_inflight(account_id, instance), 1, cast(str, raw))
+
+    def quarantine(self, account_id: int, instance: str, raw: bytes, reason: str,
+                   sqlstate: str | None) -> None:
+        """Move one in-flight entry to the account's quarantine, atomically."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.rpush(rediskeys.events_quarantine(account_id), quarantine_entry(raw, reason, sqlstate))
+        pipe.lrem(rediskeys.events_inflight(account_id, instance), 1, cast(str, raw))
+        pipe.execute()
+
+    def put_back(self, account_id: int, instance: str) -> int:
+        """Move `instance`'s in-flight entries back to the head of the list; how many moved."""
+        moved = self._put_back(
+            keys=[rediskeys.events_deadletter(account_id),
+                  rediskeys.events_inflight(account_id, instance)],
+            args=[self.ttl_ms])
+        return int(moved)

@@ -1,0 +1,265 @@
+"""Persisting one platform event: inline insert, else park, else spool.
+
+`EventIngest.persist_event(ev)` is what ingest paths call (platform sockets,
+webhooks). The event already has its id and created_at (`PlatformEvent.new`
+fixes them once, before any attempt). One inline insert is tried, bounded to
+`[events] insert_timeout_secs` in total: the pool wait, every statement and
+the commit count against one deadline, and a black-holed database is cut at
+it. Then:
+
+- stored (or already stored: a platform redelivery) -> the caller broadcasts;
+- transient or environmental failure -> the whole entry (children included)
+  is RPUSHed to `lumio:events:deadletter:{A}` and that key's TTL refreshed in
+  one MULTI; counted `parked`. The caller gets the row the event will be
+  stored as, so the live alert still goes out. Environmental failures (a
+  missing table or grant) also raise `db_environmental_errors`;
+- permanent failure (SQLSTATE class 22/23 and the like) -> nothing parked,
+  counted `rejected`, the error returned;
+- Redis refuses the park -> the local spool (counted `parked` too: the event
+  waits in the local tier, `spool_records{kind="event"}` tells the tiers
+  apart); `lost` only when the spool refuses as well.
+
+`insert_event(ev)` is the fail-fast variant for callers that can retry
+themselves (REST emit): the same insert and bound, never parks.
+
+`event_spool_handler(ingest)` is what the spool replayer calls for event
+records: park them in Redis (the retry worker stores them), or insert them
+directly when Redis is down.
+
+Durable when `persist_event` returns: "stored"/"duplicate" -> committed in
+the database; "parked" -> acknowledged by Redis; "spooled" -> fsynced in the
+spool; "rejected"/"lost" -> nowhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import redis
+
+from ..config import Config
+from ..db.errors import Classified, Kind, classify
+from ..db.pool import Pool
+from ..metrics import Metrics
+from ..model import EntryError, PlatformEvent
+from ..redisclient import REDIS_ERRORS
+from ..spool import SpoolError
+from . import store
+from .deadletter import DeadLetters
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["stored", "duplicate", "parked", "spooled", "rejected", "lost", "unavailable"]
+
+SPOOL_KIND = "event"
+
+
+class EventSpool(Protocol):
+    """The part of `lumio_ingestd.spool.Spool` this module uses."""
+
+    def append(self, kind: str, entries: Sequence[bytes]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PersistResult:
+    """What became of one event.
+
+    `outcome`: "stored" (a new row), "duplicate" (already stored), "parked"
+    (in Redis, the retry worker stores it), "spooled" (in the local spool),
+    "rejected" (the database refuses it; nothing kept), "lost" (every tier
+    refused), "unavailable" (fail-fast `insert_event` only: retry later).
+    `event` is the row it is or will be stored as. `error` and `sqlstate`
+    describe the database failure, if there was one.
+    """
+
+    outcome: Outcome
+    event: PlatformEvent
+    error: str | None = None
+    sqlstate: str | None = None
+
+    @property
+    def durable(self) -> bool:
+        """The event is stored, or waits in a durable tier to be stored."""
+        return self.outcome in ("stored", "duplicate", "parked", "spooled")
+
+    @property
+    def broadcast(self) -> bool:
+        """Send the live alert: the event is new and durable. A duplicate's went out before."""
+        return self.outcome in ("stored", "parked", "spooled")
+
+
+class EventIngest:
+    def __init__(self, redis_client: redis.Redis, pool: Pool, spool: EventSpool | None,
+                 metrics: Metrics, cfg: Config) -> None:
+        self._pool = pool
+        self._spool = spool
+        self.metrics = metrics
+        self._timeout = cfg.events.insert_timeout_secs
+        self.deadletters = DeadLetters(redis_client)
+
+    # -- the two entry points ------------------------------------------------
+
+    def persist_event(self, ev: PlatformEvent) -> PersistResult:
+        """Store `ev` inline, or park it; see the module docstring. Never raises."""
+        failure = self._insert(ev, path="inline")
+        if isinstance(failure, PersistResult):
+            return failure
+        exc, why = failure
+        if why.kind is Kind.PERMANENT:
+            self.metrics.events_persist_failures.labels("rejected").inc()
+            log.warning("event %s (account %s, %s) rejected by the database: %s",
+                        ev.id, ev.account_id, ev.type, _short(exc))
+            return PersistResult("rejected", ev, _short(exc), why.sqlstate)
+        log.warning("event %s (account %s, %s) not stored inline (%s); parking it",
+                    ev.id, ev.account_id, ev.type, why.reason)
+        return self._park(ev, _short(exc), why.sqlstate)
+
+    def insert_event(self, ev: PlatformEvent) -> PersistResult:
+        """Store `ev` inline or say why not; never parks (the caller retries)."""
+        failure = self._insert(ev, path="emit")
+        if isinstance(failure, PersistResult):
+            return failure
+        exc, why = failure
+        if why.kind is Kind.PERMANENT:
+            self.metrics.events_persist_failures.labels("rejected").inc()
+            return PersistResult("rejected", ev, _short(exc), why.sqlstate)
+        return PersistResult("unavailable", ev, _short(exc), why.sqlstate)
+
+    # -- internals -------------------------------------------------------------
+
+    def _insert(self, ev: PlatformEvent, *, path: str) -> PersistResult | tuple[Exception, Classified]:
+        """One bounded attempt: a result when it is settled, else the failure."""
+        started = time.monotonic()
+        try:
+            with self._pool.transaction(deadline=started + self._timeout) as cur:
+                new = store.insert_event(cur, ev)
+        # Any failure at all, a bug's included, must end with the event parked
+        # rather than dropped by the caller's loop; classify() judges it.
+        except Exception as exc:  # noqa: BLE001
+            if store.already_stored(exc):
+                return PersistResult("duplicate", ev)
+            why = classify(exc)
+            if why.kind is Kind.ENVIRONMENTAL:
+                self.metrics.db_environmental_errors.inc()
+                log.error("event insert failed for a schema or grant problem (%s): "
+                          "events wait until it is fixed", why.reason)
+            return exc, why
+        finally:
+            if path == "inline":
+                self.metrics.events_insert_duration.observe(time.monotonic() - started)
+        if not new:
+            return PersistResult("duplicate", ev)
+        self.metrics.events_persisted.labels(path).inc()
+        return PersistResult("stored", ev)
+
+    def _park(self, ev: PlatformEvent, error: str, sqlstate: str | None) -> PersistResult:
+        entry = ev.to_entry()
+        try:
+            self.deadletters.park(ev.account_id, [entry])
+        except REDIS_ERRORS as exc:
+            log.warning("event %s: Redis refused the park (%s); spooling it", ev.id, exc)
+        else:
+            self.metrics.events_persist_failures.labels("parked").inc()
+            return PersistResult("parked", ev, error, sqlstate)
+        if self._spool is not None:
+            try:
+                self._spool.append(SPOOL_KIND, [entry])
+            # SpoolError counted spool_lost itself; the event is ours to count.
+            except (SpoolError, OSError) as exc:
+                log.error("event %s (account %s, %s) LOST: database, Redis and the spool "
+                          "all refused it (spool: %s)", ev.id, ev.account_id, ev.type, exc)
+            else:
+                self.metrics.events_persist_failures.labels("parked").inc()
+                return PersistResult("spooled", ev, error, sqlstate)
+        else:
+            log.error("event %s (account %s, %s) LOST: database and Redis refused it and "
+                      "there is no spool", ev.id, ev.account_id, ev.type)
+        self.metrics.events_persist_failures.labels("lost").inc()
+        return PersistResult("lost", ev, error, sqlstate)
+
+    def store_replayed(self, ev: PlatformEvent) -> PersistResult:
+        """Insert an event that waited in a durable tier (spool, dead letters).
+
+        "stored" counts `events_persisted{path="replay"}`, "duplicate" counts
+        `recovered`; a failure is returned as "unavailable" (retryable) or
+        "rejected" (counted), never parked.
+        """
+        failure = self._insert(ev, path="replay")
+        if isinstance(failure, PersistResult):
+            if failure.outcome == "duplicate":
+                self.metrics.events_persist_failures.labels("recovered").inc()
+            return failure
+        exc, why = failure
+        if why.kind is Kind.PERMANENT:
+            self.metrics.events_persist_failures.labels("rejected").inc()
+            return PersistResult("rejected", ev, _short(exc), why.sqlstate)
+        return PersistResult("unavailable", ev, _short(exc), why.sqlstate)
+
+
+class SpoolReplayError(Exception):
+    """Neither Redis nor the database took a spooled batch; the spool keeps it."""
+
+
+def event_spool_handler(ingest: EventIngest) -> Callable[[str, list[bytes]], None]:
+    """The spool replayer's handler for "event" records.
+
+    It parks the batch in Redis (one MULTI for all its accounts), where the
+    retry worker stores it with the original ids; when Redis refuses, it
+    inserts each event directly. It raises `SpoolReplayError` when neither
+    worked, so the spool keeps the record for the next replay. Events the
+    database rejects outright are counted and skipped, or they would block
+    the spool forever; an entry that cannot be decoded is logged and counted
+    `lost` for the same reason. Records of another kind raise ValueError: the
+    composition root dispatches chat records elsewhere.
+    """
+
+    def handle(kind: str, entries: list[bytes]) -> None:
+        if kind != SPOOL_KIND:
+            raise ValueError(f"event spool handler given a {kind!r} record")
+        events: list[tuple[PlatformEvent, bytes]] = []
+        for raw in entries:
+            try:
+                events.append((PlatformEvent.from_entry(raw), raw))
+            except EntryError as exc:
+                ingest.metrics.events_persist_failures.labels("lost").inc()
+                log.error("spooled event entry cannot be decoded, LOST: %s (%s)", exc, _peek(raw))
+        if not events:
+            return
+        by_account: dict[int, list[bytes]] = {}
+        for ev, raw in events:
+            by_account.setdefault(ev.account_id, []).append(raw)
+        try:
+            ingest.deadletters.park_many(by_account)
+            return
+        except REDIS_ERRORS as exc:
+            log.warning("spool replay: Redis refused %d event(s) (%s); inserting directly",
+                        len(events), exc)
+        for ev, _raw in events:
+            result = ingest.store_replayed(ev)
+            if result.outcome == "unavailable":
+                raise SpoolReplayError(
+                    f"spooled events: Redis and the database both refused them ({result.error})")
+            if result.outcome == "rejected":
+                log.error("spooled event %s (account %s) rejected by the database: %s",
+                          ev.id, ev.account_id, result.error)
+
+    return handle
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _peek(raw: bytes) -> str:
+    """Which account an undecodable entry names, for the log (never the payload)."""
+    try:
+        obj = json.loads(raw)
+        return f"account {obj.get('account_id')!r}" if isinstance(obj, dict) else "not an object"
+    except (ValueError, UnicodeDecodeError):
+        return f"{len(raw)} bytes, not JSON"

@@ -1,0 +1,363 @@
+"""The event retry worker: replays parked events into the database.
+
+Every `[events] retry_interval_secs` each replica refreshes its heartbeat
+(`lumio:instance:INSTANCE`) and tries the lease
+`lumio:events:deadletter:drain:leader`; only the holder replays. A pass:
+
+1. Recovers in-flight lists (`lumio:events:inflight:{A}:INSTANCE`) whose owner
+   has no heartbeat any more (it died between claim and settle), and its own
+   (left by an earlier incarnation with the same instance id, or by a pass
+   that raised): they go back to the head of their dead-letter list in order.
+2. One SCAN over `lumio:events:deadletter:{*}` lists the accounts; the sum of
+   their lengths is the `events_dead_letter_depth` gauge (non-holders measure
+   it too, so every replica exports it).
+3. Per account (ascending id), at most the entries it held at the scan: claim
+   a batch into our in-flight list (one Lua script), then per entry insert it
+   with its ORIGINAL id and created_at under a deadline of
+   `insert_timeout_secs`, and only after the commit remove it from the
+   in-flight list. "Already stored" counts `recovered`; a new row counts
+   `events_persisted{path="replay"}`.
+
+At the first transient error the claimed remainder goes back to the head of
+the list in its order and the WHOLE pass ends: the other accounts wait for
+the next cycle, so replay never competes with live ingest while the database
+is unhealthy. An entry that no retry can store goes to
+`lumio:events:quarantine:{A}` instead of blocking its account:
+
+- "undecodable": not an entry this code can read;
+- "expired": its original created_at is older than the dead-letter TTL (72 h;
+  counted `events_persist_failures{outcome="lost"}` too, as the seed's drop
+  would have been, but kept for an operator);
+- "permanent": the database refuses it (SQLSTATE class 22/23/...);
+- "stuck": the same retryable-but-not-a-health-problem failure (an
+  environmental SQLSTATE such as 42501, or an unclassified one such as XX000)
+  on the same entry `stuck_after` passes in a row, while a canary insert of a
+  bare event for the same account and time (rolled back) succeeds. Such a
+  failure ends the pass like a transient one until then. The canary keeps a
+  problem of the whole table (a missing table or grant: every entry fails the
+  same way) from emptying the dead-letter lists into the quarantine; those
+  entries wait, and `db_environmental_errors` alerts.
+
+The lease is checked before every entry; when it is lost (or a stop is
+requested) the remainder is put back and the pass ends at once. A pass also
+ends after `pass_budget_secs` (the rest put back, the next turn starts at
+once), so a large backlog never holds one turn past the watchdog's limit. Work stays
+correct without it: inserts are idempotent and each claim is private to its
+instance, so two replayers cost load, never a second row.
+
+Durable when a pass returns: every entry it settled is committed in the
+database or in the quarantine list; every other entry is in a dead-letter or
+in-flight list.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import redis
+
+from .. import rediskeys
+from ..config import Config
+from ..db.errors import Classified, Kind, classify
+from ..db.pool import Pool
+from ..lease import Lease
+from ..metrics import Metrics
+from ..model import EntryError, PlatformEvent
+from ..worker import IntervalWorker
+from . import store
+from .deadletter import DEADLETTER_TTL_SECS, DeadLetters
+
+log = logging.getLogger(__name__)
+
+Failpoint = Callable[[str], None]
+
+# SQLSTATE classes and codes that say "the database is unhealthy" rather
+# than "this entry has a problem": they never count toward "stuck".
+_HEALTH_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+_HEALTH_CODES = frozenset({"55P03", "55006", "25006", "25P03"})
+
+_DEADLETTER_PATTERN = "lumio:events:deadletter:{*}"
+_INFLIGHT_PATTERN = "lumio:events:inflight:{*}:*"
+
+# Bound on the in-memory strike table (entry id -> consecutive failures).
+_MAX_STRIKES = 10_000
+
+
+def _no_failpoint(name: str) -> None:
+    """Failpoints are off in production."""
+
+
+@dataclass(slots=True)
+class PassReport:
+    """What one tick did (for logs, tests and the benchmark)."""
+
+    leader: bool = False
+    depth: int = 0
+    stored: int = 0
+    recovered: int = 0
+    quarantined: int = 0
+    inflight_recovered: int = 0
+    # Why a pass ended early: "transient", "lease", "stopping", or "budget" (its
+    # time is up; the next turn continues at once).
+    stopped: str | None = None
+
+
+class _Stop(Exception):
+    """Ends the pass; `reason` goes to PassReport.stopped."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EventRetryWorker(IntervalWorker):
+    def __init__(self, client: redis.Redis, pool: Pool, metrics: Metrics, cfg: Config, *,
+                 instance: str | None = None, lease_ttl_secs: float | None = None,
+                 heartbeat_ttl_secs: float | None = None, batch_size: int = 100,
+                 stuck_after: int = 5, entry_ttl_secs: float = DEADLETTER_TTL_SECS,
+                 pass_budget_secs: float = 20.0, failpoint: Failpoint | None = None,
+                 name: str = "event-retry") -> None:
+        interval = cfg.events.retry_interval_secs
+        super().__init__(name, metrics, interval)
+        self.instance = instance if instance is not None else cfg.daemon.instance_id
+        self._client = client
+        self._pool = pool
+        self._insert_timeout = cfg.events.insert_timeout_secs
+        self._dl = DeadLetters(client)
+        # A few intervals: a holder between two ticks keeps it; a dead holder
+        # is replaced within about one TTL plus one interval.
+        self.lease = Lease(client, rediskeys.EVENTS_DRAIN_LEADER,
+                           lease_ttl_secs if lease_ttl_secs is not None else 3 * interval,
+                           metrics, owner=self.instance)
+        self._heartbeat_ms = max(1, int(1000 * (
+            heartbeat_ttl_secs if heartbeat_ttl_secs is not None else 3 * interval)))
+        self._batch = max(1, batch_size)
+        self._stuck_after = max(1, stuck_after)
+        self._entry_ttl = timedelta(seconds=entry_ttl_secs)
+        self._failpoint = failpoint or _no_failpoint
+        self._strikes: dict[str, tuple[str | None, int]] = {}
+        # A pass ends after this long and the next turn continues at once, so
+        # a large backlog never looks like a hung worker to the watchdog (a
+        # turn may overrun the budget by one insert and its Redis steps).
+        self._pass_budget = pass_budget_secs
+        self._pass_deadline = float("inf")
+        self._more = False
+        self.max_turn_secs = max(self.max_turn_secs, pass_budget_secs + 4 * self._insert_timeout)
+
+    # -- the loop ----------------------------------------------------------------
+
+    def run_once(self) -> float:
+        self.tick()
+        return 0.0 if self._more else self.interval_secs
+
+    def tick(self) -> None:
+        self.run_pass()
+
+    def final(self) -> None:
+        self.lease.release()
+
+    def run_pass(self) -> PassReport:
+        """One cycle: heartbeat, lease, recovery, scan, replay (if leader)."""
+        report = PassReport()
+        self._more = False
+        self._pass_deadline = time.monotonic() + self._pass_budget
+        self._heartbeat()
+        if not self.lease.acquire():
+            report.depth = sum(self._scan().values())
+            self.metrics.events_dead_letter_depth.set(report.depth)
+            return report
+        report.leader = True
+        report.inflight_recovered = self._recover_inflight()
+        depths = self._scan()
+        report.depth = sum(depths.values())
+        self.metrics.events_dead_letter_depth.set(report.depth)
+        try:
+            for account in sorted(depths):
+                if depths[account] > 0:
+                    self._replay_account(account, depths[account], report)
+        except _Stop as stop:
+            report.stopped = stop.reason
+            self._more = stop.reason == "budget"
+        finally:
+            removed = report.stored + report.recovered + report.quarantined
+            self.metrics.events_dead_letter_depth.set(max(0, report.depth - removed))
+        if removed or report.stopped or report.inflight_recovered:
+            log.info("event replay: %d stored, %d already stored, %d quarantined, "
+                     "%d of %d parked settled%s", report.stored, report.recovered,
+                     report.quarantined, removed, report.depth,
+                     f"; stopped early ({report.stopped})" if report.stopped else "")
+        return report
+
+    # -- steps -------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        # Shared with the other workers of this instance: any of them keeping
+        # the key alive says "this instance lives, leave its in-flight lists".
+        self._client.set(rediskeys.instance_heartbeat(self.instance),
+                         str(int(time.time())), px=self._heartbeat_ms)
+
+    def _recover_inflight(self) -> int:
+        moved_total = 0
+        for raw_key in self._client.scan_iter(match=_INFLIGHT_PATTERN, count=1000):
+            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+            try:
+                account = rediskeys.account_of(key)
+                owner = rediskeys.instance_of_inflight(key)
+            except ValueError:
+                log.warning("ignoring a key that looks like an in-flight list but is not: %r", key)
+                continue
+            # Our own list is empty between passes unless an earlier pass (or
+            # process with our instance id) died holding it.
+            if owner != self.instance and self._client.exists(rediskeys.instance_heartbeat(owner)):
+                continue
+            moved = self._dl.put_back(account, owner)
+            if moved:
+                log.warning("recovered %d in-flight event(s) of instance %s (account %d)",
+                            moved, owner, account)
+                moved_total += moved
+        return moved_total
+
+    def _scan(self) -> dict[int, int]:
+        """Account -> dead-letter length, from one SCAN."""
+        keys: list[tuple[int, bytes]] = []
+        for raw_key in self._client.scan_iter(match=_DEADLETTER_PATTERN, count=1000):
+            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+            try:
+                keys.append((rediskeys.account_of(key), raw_key))
+            except ValueError:
+                log.warning("ignoring a key that looks like a dead-letter list but is not: %r", key)
+        if not keys:
+            return {}
+        pipe = self._client.pipeline(transaction=False)
+        for _, key_bytes in keys:
+            pipe.llen(key_bytes)
+        lengths = pipe.execute()
+        return {account: int(n) for (account, _), n in zip(keys, lengths, strict=True)}
+
+    def _check_going(self, report: PassReport) -> None:
+        if self.stop_event.is_set():
+            raise _Stop("stopping")
+        settled = report.stored + report.recovered + report.quarantined
+        if settled and time.monotonic() >= self._pass_deadline:  # a pass always progresses
+            raise _Stop("budget")
+        if not self.lease.still_held():
+            log.warning("event replay: lease lost; stopping the pass")
+            raise _Stop("lease")
+
+    def _replay_account(self, account: int, budget: int, report: PassReport) -> None:
+        left = budget
+        while left > 0:
+            self._check_going(report)
+            self._heartbeat()
+            batch = self._dl.claim(account, self.instance, min(self._batch, left))
+            if not batch:
+                return
+            left -= len(batch)
+            self._failpoint("events.retry.claimed")
+            try:
+                for raw in batch:
+                    self._check_going(report)
+                    self._replay_one(account, raw, report)
+            except _Stop:
+                self._dl.put_back(account, self.instance)
+                raise
+
+    def _replay_one(self, account: int, raw: bytes, report: PassReport) -> None:
+        try:
+            ev = PlatformEvent.from_entry(raw)
+        except EntryError as exc:
+            log.error("parked event entry of account %d cannot be decoded (%s); quarantined",
+                      account, exc)
+            self._quarantine(account, raw, "undecodable", None, report)
+            return
+        if datetime.now(UTC) - ev.created_at > self._entry_ttl:
+            log.error("parked event %s (account %d, %s) is older than the %s dead-letter TTL; "
+                      "quarantined as expired, counted lost", ev.id, account, ev.type,
+                      self._entry_ttl)
+            self._quarantine(account, raw, "expired", None, report)
+            self.metrics.events_persist_failures.labels("lost").inc()
+            return
+        try:
+            with self._pool.transaction(deadline=time.monotonic() + self._insert_timeout) as cur:
+                new = store.insert_event(cur, ev)
+        except Exception as exc:  # noqa: BLE001 - classify() judges every failure
+            if not store.already_stored(exc):
+                self._failed(account, raw, ev, exc, classify(exc), report)
+                return
+            new = False
+        self._failpoint("events.retry.inserted")
+        self._dl.settle(account, self.instance, raw)
+        self._strikes.pop(str(ev.id), None)
+        if new:
+            report.stored += 1
+            self.metrics.events_persisted.labels("replay").inc()
+        else:
+            report.recovered += 1
+            self.metrics.events_persist_failures.labels("recovered").inc()
+        self._failpoint("events.retry.deleted")
+
+    def _failed(self, account: int, raw: bytes, ev: PlatformEvent, exc: Exception,
+                why: Classified, report: PassReport) -> None:
+        if why.kind is Kind.ENVIRONMENTAL:
+            self.metrics.db_environmental_errors.inc()
+        if why.kind is Kind.PERMANENT:
+            log.error("parked event %s (account %d, %s) refused by the database (%s); "
+                      "quarantined", ev.id, account, ev.type, why.reason)
+            self._quarantine(account, raw, "permanent", why.sqlstate, report)
+            return
+        if self._entry_specific(why):
+            key = str(ev.id)
+            last_state, count = self._strikes.get(key, (why.sqlstate, 0))
+            count = count + 1 if last_state == why.sqlstate else 1
+            if count >= self._stuck_after and self._only_this_entry_fails(ev):
+                self._strikes.pop(key, None)
+                log.error("parked event %s (account %d, %s) failed %d passes in a row with %s; "
+                          "quarantined as stuck", ev.id, account, ev.type, count, why.reason)
+                self._quarantine(account, raw, "stuck", why.sqlstate, report)
+                return
+            if len(self._strikes) >= _MAX_STRIKES:
+                self._strikes.clear()
+            self._strikes[key] = (why.sqlstate, count)
+        log.warning("event replay stopped at a %s error (%s: %s); the rest waits for the next pass",
+                    why.kind.value, why.reason, type(exc).__name__)
+        raise _Stop("transient")
+
+    def _only_this_entry_fails(self, ev: PlatformEvent) -> bool:
+        """Whether a bare event of the same account and time can be inserted (then rolled back).
+
+        A missing table or a revoked grant fails every entry the same way; quarantining
+        them one by one would only empty the dead-letter lists into the quarantine.
+        Only a failure the canary does not meet is this entry's own.
+        """
+        canary = PlatformEvent.new(account_id=ev.account_id, platform=ev.platform,
+                                   type="lumio.canary", payload={}, created_at=ev.created_at)
+        try:
+            with self._pool.connection(deadline=time.monotonic() + self._insert_timeout) as conn:
+                try:
+                    with conn.cursor() as cur:
+                        store.insert_event(cur, canary)
+                finally:
+                    conn.rollback()
+        except Exception as exc:  # noqa: BLE001 - any failure: not provably this entry's
+            log.warning("event replay: a canary insert fails too (%s); the problem is not "
+                        "event %s's own, it stays parked", classify(exc).reason, ev.id)
+            return False
+        return True
+
+    @staticmethod
+    def _entry_specific(why: Classified) -> bool:
+        """A retryable failure that may be this entry's own (never a health problem)."""
+        state = why.sqlstate
+        if state is None or state in _HEALTH_CODES or state[:2] in _HEALTH_CLASSES:
+            return False
+        return why.kind is not Kind.PERMANENT
+
+    def _quarantine(self, account: int, raw: bytes, reason: str, sqlstate: str | None,
+                    report: PassReport) -> None:
+        self._dl.quarantine(account, self.instance, raw, reason, sqlstate)
+        self.metrics.events_quarantined.labels(reason).inc()
+        report.quarantined += 1

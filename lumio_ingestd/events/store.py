@@ -1,0 +1,110 @@
+"""The SQL of storing one platform event (and its child rows) idempotently.
+
+Every writer of `events` goes through `insert_event`: the inline path, the
+replay of parked events, the spool replay and the fail-fast REST emit. They
+must all take the same advisory lock, or the dedup below stops holding.
+
+- With an `external_id` (the platform's own id of the event): in the caller's
+  READ COMMITTED transaction, `pg_advisory_xact_lock` on a hash of
+  (account_id, external_id), then an `EXISTS` probe on events_dedup_idx bounded
+  to `DEDUP_WINDOW` on either side of `created_at`, then the INSERT. A
+  hypertable cannot carry a unique index on (account_id, external_id) without
+  the time column, hence the lock. READ COMMITTED matters: in REPEATABLE READ
+  the snapshot is taken by the lock statement itself, before the lock is
+  granted, and EXISTS would miss the previous holder's row (RELIABILITY.md
+  2.6). The pool sets READ COMMITTED on every connection.
+- Without one: `ON CONFLICT (id, created_at) DO NOTHING`; the id and
+  created_at are fixed once, before the first attempt, so a replay conflicts
+  with the stored row.
+
+Child rows (gift-bundle recipients) are written in the same transaction, only
+when the event row itself is new (a duplicate's children were written with
+the row that is already stored).
+
+Nothing is durable when `insert_event` returns: the caller's transaction
+commits it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import psycopg2.extensions
+import psycopg2.extras
+
+from ..model import PlatformEvent
+
+Cursor = psycopg2.extensions.cursor
+
+# How far either side of an event's created_at the dedup probe looks for the
+# same external_id. It must cover a platform's redelivery of one event (the
+# same external_id with a delivery timestamp a little later) and the replay
+# of a parked entry, which keeps its original created_at and is refused
+# after 72 h anyway. Bounding the probe keeps it on the chunks around the
+# event instead of every chunk of the hypertable, so the 3 s inline bound does
+# not shrink as the table grows. An event redelivered more than this far
+# apart would be stored twice; no platform we ingest redelivers that late.
+DEDUP_WINDOW = timedelta(hours=72)
+
+# The lock key every writer derives from (account_id, external_id). A hash
+# collision only serialises two unrelated events.
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s::text || ':' || %s, 0))"
+
+_EXISTS = """
+SELECT EXISTS (
+    SELECT 1 FROM events
+    WHERE account_id = %s AND external_id = %s
+      AND created_at BETWEEN %s AND %s
+)
+"""
+
+_INSERT = """
+INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id, created_at) DO NOTHING
+"""
+
+_INSERT_CHILDREN = """
+INSERT INTO event_children
+    (event_id, event_created_at, ordinal, kind, user_id, user_login, payload)
+VALUES %s
+ON CONFLICT (event_id, ordinal) DO NOTHING
+"""
+
+# SQLSTATE of a unique violation. On this path every insert is idempotent, so
+# one that surfaces anyway (TimescaleDB under concurrency, timescaledb#5448)
+# means the row is already there: callers report "already stored", never
+# "rejected".
+UNIQUE_VIOLATION = "23505"
+
+
+def insert_event(cur: Cursor, ev: PlatformEvent) -> bool:
+    """Insert `ev` and its children in the caller's transaction.
+
+    True when a new row was written, False when the event was already stored
+    (same id, or same external_id within the dedup window).
+    """
+    if ev.external_id is not None:
+        cur.execute(_LOCK, (ev.account_id, ev.external_id))
+        cur.execute(_EXISTS, (ev.account_id, ev.external_id,
+                              ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW))
+        row = cur.fetchone()
+        if row is not None and row[0]:
+            return False
+    cur.execute(_INSERT, (ev.id, ev.created_at, ev.account_id, ev.platform, ev.type,
+                          ev.external_id, ev.user_id, json.dumps(ev.payload)))
+    if cur.rowcount != 1:
+        return False
+    if ev.children:
+        psycopg2.extras.execute_values(cur, _INSERT_CHILDREN, [
+            (ev.id, ev.created_at, ordinal, child.kind, child.user_id, child.user_login,
+             json.dumps(child.payload))
+            for ordinal, child in enumerate(ev.children)
+        ])
+    return True
+
+
+def already_stored(exc: BaseException) -> bool:
+    """Whether a failed idempotent insert means "the row is there"."""
+    return getattr(exc, "pgcode", None) == UNIQUE_VIOLATION
