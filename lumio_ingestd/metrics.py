@@ -22,6 +22,7 @@ CHAT_PATHS = ("buffered", "direct", "spooled", "lost")
 FLUSH_RESULTS = ("ok", "failed", "deadlettered", "empty")
 PERSIST_OUTCOMES = ("parked", "recovered", "lost", "rejected")
 SPOOL_KINDS = ("chat", "event")
+JETSTREAM_OPERATIONS = ("create", "update", "delete")
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -119,6 +120,83 @@ class Metrics:
         self.source_bad_frames = Counter(
             "source_bad_frames", "Frames refused as malformed or unsupported, by reason",
             ["platform", "reason"], registry=r)
+        self.source_duplicates = Counter(
+            "source_duplicates", "Frames skipped because their delivery id was handled already",
+            ["platform"], registry=r)
+        self.source_closes = Counter(
+            "source_closes", "Platform connections closed by the peer, by close code",
+            ["platform", "code"], registry=r)
+        self.source_revocations = Counter(
+            "source_revocations", "Platform subscriptions revoked by the platform, by status",
+            ["platform", "status"], registry=r)
+        self.source_subscriptions = Counter(
+            "source_subscriptions", "Platform subscription requests, by result", ["platform", "result"],
+            registry=r)
+        self.source_token_refreshes = Counter(
+            "source_token_refreshes", "OAuth token refreshes, by result", ["platform", "result"],
+            registry=r)
+        self.source_reconnect_handoffs = Counter(
+            "source_reconnect_handoffs", "Planned connection hand-offs (session_reconnect), by result",
+            ["platform", "result"], registry=r)
+
+        # -- gifts, alerts, webhooks, emit -----------------------------------
+        self.events_gift_bombs = Counter(
+            "events_gift_bombs", "Community gifts (gift bombs), each counted once however many "
+            "gifted subs it has", ["platform"], registry=r)
+        self.events_gift_recipients = Counter(
+            "events_gift_recipients", "Gifted subs, by whether they were linked to their gift",
+            ["platform", "linked"], registry=r)
+        self.events_alerts_published = Counter(
+            "events_alerts_published", "Live alerts handed to a sink", ["sink"], registry=r)
+        for sink in ("redis", "sse"):
+            self.events_alerts_published.labels(sink)
+        self.events_alerts_dropped = Counter(
+            "events_alerts_dropped", "Live alerts not delivered (best effort: the event itself is "
+            "stored), by reason", ["reason"], registry=r)
+        for reason in ("queue_full", "redis_error", "client_slow", "shutdown"):
+            self.events_alerts_dropped.labels(reason)
+        self.http_alert_streams = Gauge(
+            "http_alert_streams", "Open alert streams (Server-Sent Events)", registry=r)
+        self.http_alert_streams_dropped = Counter(
+            "http_alert_streams_dropped", "Alert stream clients dropped because they fell behind",
+            registry=r)
+        self.http_webhook_requests = Counter(
+            "http_webhook_requests", "Webhook deliveries, by platform and result",
+            ["platform", "result"], registry=r)
+        self.http_emit_requests = Counter(
+            "http_emit_requests", "POST /v1/events/emit requests, by status code", ["status"],
+            registry=r)
+        self.stream_session_writes = Counter(
+            "events_stream_session_writes", "stream_sessions changes, by result (failed ones are "
+            "retried)", ["result"], registry=r)
+
+        # -- jetstream -------------------------------------------------------
+        # Reconnects and refused frames are the shared source_disconnects and
+        # source_bad_frames{platform="bluesky"}.
+        self.jetstream_events = Counter(
+            "jetstream_events", "Jetstream events decoded, by kind and commit operation "
+            "(operation is none for identity and account)", ["kind", "operation"], registry=r)
+        for op in JETSTREAM_OPERATIONS:
+            self.jetstream_events.labels("commit", op)
+        self.jetstream_events.labels("identity", "none")
+        self.jetstream_events.labels("account", "none")
+        self.jetstream_records = Counter(
+            "jetstream_records", "Jetstream commits by what the store did with them: written, "
+            "stale (not newer than the stored state), unwanted (outside the filters), refused",
+            ["result"], registry=r)
+        for result in ("written", "stale", "unwanted", "refused"):
+            self.jetstream_records.labels(result)
+        self.jetstream_batches = Counter(
+            "jetstream_batches", "Jetstream batches by result (a failed one is replayed after "
+            "reconnecting)", ["result"], registry=r)
+        for result in ("committed", "failed"):
+            self.jetstream_batches.labels(result)
+        self.jetstream_cursor_lag = Gauge(
+            "jetstream_cursor_lag_seconds", "Wall clock minus the time of the last committed "
+            "Jetstream cursor, at its commit", registry=r)
+        self.jetstream_cursor_gaps = Counter(
+            "jetstream_cursor_gaps", "Resumes from a cursor older than the server's assumed "
+            "retention: events in between may be missing", registry=r)
 
         # -- redis, leases, workers -----------------------------------------
         self.redis_noeviction = Gauge(

@@ -37,10 +37,20 @@ class EntryError(ValueError):
     """A stored entry that this code cannot read back."""
 
 
+# What a malformed entry can raise while it is turned back into a model: a
+# missing key, a number where text belongs (AttributeError), an id past any
+# integer type (OverflowError), absurd nesting (RecursionError).
+_DECODE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
+
+
 def clean_text(value: object, limit: int) -> str:
     """A string the database accepts: no NUL, no lone surrogate, at most `limit` chars."""
     text = value if isinstance(value, str) else ("" if value is None else str(value))
-    if _BAD_CHARS.search(text):
+    # Most chat is ASCII, where only NUL can be wrong: a C-speed check first.
+    if text.isascii():
+        if "\x00" in text:
+            text = text.replace("\x00", "\ufffd")
+    elif _BAD_CHARS.search(text):
         text = _BAD_CHARS.sub("\ufffd", text)
     if len(text) > limit:
         text = text[:limit]
@@ -49,6 +59,8 @@ def clean_text(value: object, limit: int) -> str:
 
 def clean_json(value: Any, depth: int = 0) -> Any:
     """A JSON value the jsonb type accepts (no \\u0000, no lone surrogate), bounded."""
+    if depth == 0 and _plainly_clean(value):
+        return value
     if isinstance(value, str):
         return clean_text(value, MAX_JSON_STRING)
     if value is None or isinstance(value, (bool, int)):
@@ -62,6 +74,25 @@ def clean_json(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [clean_json(v, depth + 1) for v in value]
     return clean_text(value, MAX_JSON_STRING)
+
+
+_CHECK = json.JSONEncoder(ensure_ascii=True, allow_nan=False, check_circular=False)
+_SUSPECT = re.compile(r"\\u(?:0000|d[89a-f])")
+
+
+def _plainly_clean(value: Any) -> bool:
+    """True when `clean_json(value)` would return it unchanged, decided in C speed.
+
+    The ASCII encoding spells every NUL and surrogate as an escape we can look
+    for; NaN and infinities make it raise. Small values only: the depth and
+    string caps are then out of reach.
+    """
+    try:
+        text = _CHECK.encode(value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return len(text) <= min(MAX_NAME, MAX_JSON_STRING) and not _SUSPECT.search(text) \
+        and text.count("[") + text.count("{") < MAX_JSON_DEPTH
 
 
 def utc(ts: datetime) -> datetime:
@@ -100,14 +131,18 @@ def uuid7(now_ms: int | None = None) -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+# Built once: json.dumps with non-default options builds an encoder per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+
+
 def _dumps(obj: Mapping[str, Any]) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
+    return _ENCODER.encode(obj).encode()
 
 
 def _loads(raw: bytes | str) -> dict[str, Any]:
     try:
         obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise EntryError(f"entry is not JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise EntryError("entry is not a JSON object")
@@ -166,8 +201,8 @@ class ChatMessage:
                 display_name=obj.get("display_name", ""), text=obj.get("text", ""),
                 extras=obj.get("extras") or {},
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EntryError(f"chat entry is incomplete: {exc}") from exc
+        except _DECODE_ERRORS as exc:
+            raise EntryError(f"chat entry is incomplete or malformed: {exc!r}"[:300]) from exc
 
     def row(self) -> tuple[Any, ...]:
         """Values in the column order of `CHAT_COLUMNS`."""
@@ -255,5 +290,5 @@ class PlatformEvent:
                 payload=obj.get("payload") or {},
                 children=tuple(EventChild.from_json(c) for c in obj.get("children") or ()),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise EntryError(f"event entry is incomplete: {exc}") from exc
+        except _DECODE_ERRORS as exc:
+            raise EntryError(f"event entry is incomplete or malformed: {exc!r}"[:300]) from exc

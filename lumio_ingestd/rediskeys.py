@@ -49,3 +49,8 @@ def account_of(key: str) -> int:
 def instance_of_inflight(key: str) -> str:
     """The instance id after the hash tag of an in-flight key."""
     return key[key.index("}:") + 2:]
+
+
+def webhook_seen(platform: str, message_id: str) -> str:
+    """A webhook delivery id already handled (a string with a TTL; one key per delivery)."""
+    return f"lumio:webhooks:{platform}:seen:{message_id}"

@@ -31,8 +31,11 @@ class Worker:
     backoff_min_secs: float = 0.5
     backoff_max_secs: float = 30.0
 
-    def __init__(self, name: str, metrics: Metrics) -> None:
+    def __init__(self, name: str, metrics: Metrics, *, role: str | None = None) -> None:
         self.name = name
+        # The metric label: the kind of worker, never its account (thread names
+        # may carry one; metric labels must not).
+        self.role = role or name
         self.metrics = metrics
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,7 +103,7 @@ class Worker:
                 self.final()
             except Exception:
                 log.exception("worker %s: final step failed", self.name)
-                self.metrics.worker_errors.labels(self.name).inc()
+                self.metrics.worker_errors.labels(self.role).inc()
 
     def _turn(self) -> float:
         self._progress_deadline = time.monotonic() + self.max_turn_secs
@@ -112,7 +115,7 @@ class Worker:
                                  self.backoff_min_secs * 2.0 ** (self._failures - 1))
             log.exception("worker %s: turn failed (%d in a row); next try in %.1fs",
                           self.name, self._failures, backoff)
-            self.metrics.worker_errors.labels(self.name).inc()
+            self.metrics.worker_errors.labels(self.role).inc()
             return backoff
         self._failures = 0
         self.turns += 1

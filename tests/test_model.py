@@ -85,10 +85,15 @@ def test_empty_external_id_becomes_null() -> None:
     (b"[1]", "not a JSON object"),
     (b'{"v": 99}', "unknown format version"),
     (b'{"v": 1, "platform": "twitch"}', "incomplete"),
+    (b'{"v": 1, "platform": "twitch", "account_id": 1, "message_id": "m", "id": "x", "type": "t",'
+     b' "created_at": 12}', "malformed"),
+    (b'{"v": 1, "platform": "twitch", "account_id": 1e400, "message_id": "m",'
+     b' "created_at": "2026-01-01T00:00:00Z"}', "malformed"),
+    (b'{"v": 1, "extras": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON|malformed"),
 ])
 def test_unreadable_entries_raise_entry_error(raw: bytes, reason: str) -> None:
     with pytest.raises(EntryError, match=reason):
-        ChatMessage.from_entry(raw)
+        ChatMessage.from_entry(raw)  # and nothing but EntryError, so a flush can quarantine it
     with pytest.raises(EntryError):
         PlatformEvent.from_entry(raw)
 
@@ -123,3 +128,24 @@ def test_quarantine_entry_keeps_the_original_and_the_reason() -> None:
     garbage = json.loads(quarantine_entry(b"\xff\xfe{", "undecodable", None))
     assert garbage["raw"] and garbage["reason"] == "undecodable"
     assert format_time(T0) == "2026-11-29T12:00:00.123456Z"
+
+
+def test_clean_json_fast_path_never_skips_a_repair() -> None:
+    from lumio_ingestd.model import MAX_JSON_DEPTH, clean_json
+
+    deep: object = "leaf"
+    for _ in range(MAX_JSON_DEPTH + 5):
+        deep = [deep]
+    cleaned = clean_json(deep)
+    depth = 0
+    while isinstance(cleaned, list):
+        cleaned, depth = cleaned[0], depth + 1
+    assert cleaned is None and depth == MAX_JSON_DEPTH  # cut at the cap, not passed through
+
+    assert clean_json({"k\x00": 1}) == {"k\ufffd": 1}
+    assert clean_json({"n": float("nan"), "i": float("inf")}) == {"n": None, "i": None}
+    assert clean_json({"s": "\udc00"}) == {"s": "\ufffd"}
+    assert clean_json({"emoji": "\U0001f600"}) == {"emoji": "\U0001f600"}  # a valid pair stays
+    assert clean_json({"t": "x" * 20_000}) == {"t": "x" * 10_000}
+    plain = {"badges": [{"set_id": "sub", "id": "12"}], "color": "#FF0000", "n": 1.5, "ok": True}
+    assert clean_json(plain) == plain

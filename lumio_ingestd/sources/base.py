@@ -40,7 +40,7 @@ class Source(Worker):
     stable_after_secs: float = 30.0
 
     def __init__(self, name: str, metrics: Metrics) -> None:
-        super().__init__(name, metrics)
+        super().__init__(name, metrics, role=f"source-{self.platform}")
         self.connected = False
         self._attempts = 0
         self._connected_at = 0.0
