@@ -1,0 +1,236 @@
+"""The chat flush worker: Redis buffers into `chat_messages`, every few seconds.
+
+Each pass, for every account of this replica's shard
+(`account_id % shard_count == shard_index`) that has a buffer or an
+in-flight list of ours:
+
+1. refresh this instance's heartbeat (`lumio:instance:INSTANCE`, with a TTL);
+2. recover the in-flight lists of dead instances (no heartbeat) back into
+   their buffers, so nothing a killed process had claimed stays stranded;
+3. resume our own in-flight batch if one is left from a failed try, else claim
+   up to `flush_batch_size` entries atomically from the buffer into it;
+4. insert the batch idempotently with poison isolation (`store.store_isolating`)
+   and, only after the commit, quarantine the culprits and delete the
+   in-flight list in one atomic step;
+5. on a retryable database failure keep the batch in flight and count the
+   account's consecutive failures; after `max_flush_failures` move the batch to
+   the account's dead-letter list (TTL `deadletter_ttl_hours`) and reset the count.
+
+An account with more than one batch waiting gets further batches in later
+rounds of the same pass (round robin), until the pass budget runs out; then
+the next pass starts at once instead of after the interval.
+
+Once one account met a retryable database failure in a pass, the database is
+not asked again in that pass: the other accounts' batches are claimed and
+counted as failed too. So "N failed flushes" means N passes in a row that
+could not store the account's batch, and a black-holed database costs one
+timeout per pass, not one per account.
+
+Two flushers on the same account (a shard misconfiguration, a rolling
+deploy) claim disjoint batches, so nothing is stored twice or lost. A flusher
+whose heartbeat lapsed while it was alive only causes a repeat insert, which
+the idempotent insert absorbs.
+
+What is durable: a message is in the database once its batch's in-flight list
+is gone (unless it was quarantined); before that it is in a Redis list.
+`final()` makes one last pass bounded to `final_budget_secs`; whatever it
+does not finish stays in Redis for the next process, and the heartbeat is
+deleted so another replica recovers it at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+
+import redis
+
+from .. import rediskeys
+from ..config import Config
+from ..db.pool import Pool
+from ..metrics import Metrics
+from ..redisclient import REDIS_ERRORS
+from ..worker import IntervalWorker
+from .batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
+from .lists import ChatKeys, ChatLists, Heartbeat, owner_instance
+from .outage import Outage, describe_redis_error
+
+log = logging.getLogger(__name__)
+
+
+class _Result(enum.Enum):
+    DONE = "done"  # nothing more waiting (as far as this claim could tell)
+    MORE = "more"  # a full batch was stored: more may wait
+    FAILED = "failed"  # the database failed; the batch stays in flight
+
+
+def default_heartbeat_ttl(cfg: Config) -> float:
+    """A few flush intervals, at least 15 s: outlives one slow pass."""
+    return max(15.0, 3.0 * cfg.chat.flush_interval_secs)
+
+
+class ChatFlusher(IntervalWorker):
+    def __init__(self, client: redis.Redis, pool: Pool, metrics: Metrics, cfg: Config, *,
+                 instance: str | None = None, heartbeat_ttl_secs: float | None = None,
+                 final_budget_secs: float = 3.0, batch_timeout_secs: float = 10.0,
+                 pass_budget_secs: float = 10.0, failpoint: Failpoint = no_failpoint,
+                 name: str = "chat-flush") -> None:
+        super().__init__(name, metrics, cfg.chat.flush_interval_secs)
+        self.instance = instance or cfg.daemon.instance_id
+        self.final_budget_secs = final_budget_secs
+        self.batch_timeout_secs = batch_timeout_secs
+        self.pass_budget_secs = pass_budget_secs
+        self._cfg = cfg
+        self._pool = pool
+        self._lists = ChatLists(client)
+        self._heartbeat = Heartbeat(client, self.instance,
+                                    heartbeat_ttl_secs or default_heartbeat_ttl(cfg))
+        self._failpoint = failpoint
+        self._account_failures: dict[int, int] = {}
+        self._redis = Outage("Redis (chat flush)", log)
+        self._db = Outage("database (chat flush)", log)
+        self._backlog = False
+
+    # -- the worker --------------------------------------------------------------
+
+    def run_once(self) -> float:
+        self.tick()
+        # A pass cut short by its budget left work behind: go on at once.
+        return 0.0 if self._backlog else self.interval_secs
+
+    def tick(self) -> None:
+        self._pass(time.monotonic() + self.pass_budget_secs, final=False)
+
+    def final(self) -> None:
+        """One last pass bounded to `final_budget_secs`; the rest stays in Redis."""
+        self._pass(time.monotonic() + self.final_budget_secs, final=True)
+        try:
+            self._heartbeat.stop()
+        except REDIS_ERRORS as exc:  # it expires by itself
+            log.debug("chat flush: cannot delete the heartbeat: %s", describe_redis_error(exc))
+
+    def owns(self, account: int) -> bool:
+        return account % self._cfg.daemon.shard_count == self._cfg.daemon.shard_index
+
+    @property
+    def consecutive_failures(self) -> dict[int, int]:
+        return dict(self._account_failures)
+
+    # -- one pass ----------------------------------------------------------------
+
+    def _pass(self, budget_deadline: float, *, final: bool) -> None:
+        started = time.monotonic()
+        self._backlog = False
+        try:
+            self._heartbeat.beat(force=True)
+            keys = self._lists.scan()
+            self._recover_orphans(keys)
+            self._flush_accounts(keys, budget_deadline, final)
+            self._update_gauges(keys)
+            self._redis.ok()
+        except REDIS_ERRORS as exc:
+            # Claimed batches stay in flight and are resumed by the next pass.
+            self._redis.failed(describe_redis_error(exc))
+            self._backlog = False
+        finally:
+            self.metrics.chat_flush_duration.observe(time.monotonic() - started)
+
+    def _accounts(self, keys: ChatKeys) -> list[int]:
+        accounts = {a for a in keys.buffers if self.owns(a)}
+        accounts.update(a for a, owner, _ in keys.inflight if owner == self.instance and self.owns(a))
+        return sorted(accounts)
+
+    def _flush_accounts(self, keys: ChatKeys, budget_deadline: float, final: bool) -> None:
+        pending = self._accounts(keys)
+        db_failed = False
+        while pending and not db_failed:
+            more: list[int] = []
+            for account in pending:
+                if time.monotonic() >= budget_deadline or (self.stopping and not final):
+                    self._backlog = not final and not self.stopping
+                    return
+                self._heartbeat.beat()
+                batch_deadline = time.monotonic() + self.batch_timeout_secs
+                if final:
+                    batch_deadline = min(batch_deadline, budget_deadline)
+                result = self._flush_account(account, db_failed, batch_deadline)
+                if result is _Result.FAILED:
+                    db_failed = True
+                elif result is _Result.MORE:
+                    more.append(account)
+            pending = more
+
+    def _flush_account(self, account: int, skip_db: bool, deadline: float) -> _Result:
+        inflight = rediskeys.chat_inflight(account, self.instance)
+        batch_size = self._cfg.chat.flush_batch_size
+        entries, resumed = self._lists.claim(rediskeys.chat_buffer(account), inflight, batch_size)
+        if not entries:
+            self.metrics.chat_flush_batches.labels("empty").inc()
+            return _Result.DONE
+        self._failpoint("chat.flush.claimed")
+        if skip_db:
+            return self._failed(account, inflight)
+        try:
+            outcome = store_batch(self._lists, self._pool, self.metrics, account=account,
+                                  inflight=inflight, entries=entries, deadline=deadline,
+                                  failpoint=self._failpoint, step="chat.flush")
+        except BatchDeferred as deferred:
+            record_db_failure(self.metrics, self._db, deferred.cause, deferred.verdict)
+            return self._failed(account, inflight)
+        self._db.ok()
+        self._account_failures.pop(account, None)
+        self.metrics.chat_flush_batches.labels("ok").inc()
+        self.metrics.chat_messages_flushed.inc(outcome.stored)
+        # A resumed batch says nothing about the buffer behind it: look again.
+        return _Result.MORE if resumed or len(entries) >= batch_size else _Result.DONE
+
+    def _failed(self, account: int, inflight: str) -> _Result:
+        self.metrics.chat_flush_batches.labels("failed").inc()
+        failures = self._account_failures.get(account, 0) + 1
+        if failures < self._cfg.chat.max_flush_failures:
+            self._account_failures[account] = failures
+            return _Result.FAILED
+        moved = self._lists.move_all(inflight, rediskeys.chat_deadletter(account),
+                                     ttl_secs=self._cfg.chat.deadletter_ttl_hours * 3600.0)
+        self._account_failures.pop(account, None)
+        self.metrics.chat_flush_batches.labels("deadlettered").inc()
+        log.warning("chat flush: account %d: %d messages moved to the dead-letter list after "
+                    "%d failed flushes in a row", account, moved, failures)
+        return _Result.FAILED
+
+    # -- recovery and gauges -------------------------------------------------
+
+    def _recover_orphans(self, keys: ChatKeys) -> None:
+        """Move in-flight lists of dead instances (ours to flush) back to their buffers."""
+        foreign = [(account, owner, key) for account, owner, key in keys.inflight
+                   if self.owns(account) and owner_instance(owner) != self.instance]
+        if not foreign:
+            return
+        alive = self._lists.alive(owner_instance(owner) for _, owner, _ in foreign)
+        for account, owner, key in foreign:
+            if alive[owner_instance(owner)]:
+                continue
+            # Not atomic with the heartbeat check: an owner that comes back
+            # meanwhile finishes its batch, and the repeat insert is a no-op.
+            moved = self._lists.move_all(key, rediskeys.chat_buffer(account))
+            if moved:
+                log.info("chat flush: account %d: %d in-flight messages of the dead instance %s "
+                         "returned to the buffer", account, moved, owner)
+                keys.buffers.add(account)
+
+    def _update_gauges(self, keys: ChatKeys) -> None:
+        """Depths of this shard's lists (so the sum over replicas is the total).
+
+        Measured after the pass, on the SCAN's accounts: lists this pass
+        created (an in-flight batch, a dead-letter list) are included.
+        """
+        mine = set(self._accounts(keys))
+        mine.update(a for a in keys.deadletters if self.owns(a))
+        mine.update(a for a, _, _ in keys.inflight if self.owns(a))
+        buffers = {rediskeys.chat_buffer(a) for a in mine}
+        buffers.update(rediskeys.chat_inflight(a, self.instance) for a in mine)
+        buffers.update(key for account, _, key in keys.inflight if self.owns(account))
+        deadletters = {rediskeys.chat_deadletter(a) for a in mine}
+        self.metrics.chat_buffer_depth.set(self._lists.lengths(buffers))
+        self.metrics.chat_dead_letter_depth.set(self._lists.lengths(deadletters))

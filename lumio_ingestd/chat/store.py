@@ -1,0 +1,201 @@
+"""Writing chat batches to `chat_messages`: idempotent, fast, and poison-proof.
+
+`insert_chat` COPYs a batch into a per-connection temporary staging table and
+moves it into `chat_messages` with one `INSERT ... SELECT ... ON CONFLICT DO
+NOTHING`: one round trip for the data instead of a multi-row VALUES per page,
+and a replay of rows already stored inserts nothing. The unique key of
+`chat_messages` is (account_id, platform, message_id, created_at), so the same
+message twice (even inside one batch) is one row. Because a batch of new
+messages conflicts with nothing, it is first COPYed straight into the table
+under a savepoint, which halves the database's work; only a batch that meets a
+unique violation takes the staging path (see `insert_encoded`).
+
+`store_isolating` is for batches that may hold a row the database refuses (a
+permanent SQLSTATE, or a value the driver cannot encode): it splits the batch
+in halves, each in its own transaction, until the culprits stand alone, stores
+everything else and returns the culprits with their classification. A
+transient failure is raised at once; the caller keeps the whole batch.
+
+What is durable when these return: `insert_chat`, nothing until the caller's
+transaction commits; `store_isolating`, every row of the batch except the
+returned culprits (each part commits on its own, so a raise may leave some
+parts committed: the replay of those is a no-op).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from typing import TypeVar
+
+import psycopg2
+import psycopg2.errors
+
+from ..db.errors import Classified, DatabaseUnavailable, Kind, classify
+from ..db.pool import Cursor, Pool
+from ..model import CHAT_COLUMNS, ChatMessage
+
+T = TypeVar("T")
+
+#: Exceptions a database write may raise that `classify` knows how to judge.
+#: (PoolReentryError, a programming error, is deliberately not among them.)
+DB_ERRORS: tuple[type[Exception], ...] = (
+    psycopg2.Error, DatabaseUnavailable, OSError, ValueError, TypeError)
+
+_COLS = ", ".join(CHAT_COLUMNS)
+_STAGING = "lumio_chat_staging"
+# ON COMMIT DELETE ROWS empties it at every commit; a rollback of the
+# transaction that created it drops it, hence IF NOT EXISTS on every call.
+_CREATE_STAGING = (
+    f"CREATE TEMP TABLE IF NOT EXISTS {_STAGING} "
+    "(LIKE chat_messages INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_COPY = f"COPY {_STAGING} ({_COLS}) FROM STDIN"
+_COPY_DIRECT = f"COPY chat_messages ({_COLS}) FROM STDIN"
+_SAVEPOINT = "lumio_chat_copy"
+# The DELETE ... RETURNING leaves the staging table empty, so a second call in
+# the same transaction does not see the first call's rows again.
+_MOVE = (
+    f"WITH moved AS (DELETE FROM {_STAGING} RETURNING {_COLS}) "
+    f"INSERT INTO chat_messages ({_COLS}) SELECT {_COLS} FROM moved "
+    "ON CONFLICT DO NOTHING"
+)
+_COPY_CHUNK = 256 * 1024
+
+# COPY text format: backslash, newline, carriage return and tab are escaped;
+# no column is ever NULL, so `\N` never needs to be written.
+_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+# One encoder, built once: json.dumps() with options builds a new one per call.
+_EXTRAS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def extras_json(extras: object) -> str:
+    return _EXTRAS.encode(extras) if extras else "{}"
+
+
+def encode_row(msg: ChatMessage) -> bytes:
+    """One COPY text line for `msg`, in `CHAT_COLUMNS` order.
+
+    Raises UnicodeEncodeError for a lone surrogate (only possible when a
+    message was built without `ChatMessage.create`).
+    """
+    return encode_fields((str(int(msg.account_id)), msg.platform, msg.message_id,
+                          msg.created_at.isoformat(), msg.user_id, msg.user_login,
+                          msg.display_name, msg.text, extras_json(msg.extras)))
+
+
+def encode_fields(fields: tuple[str, ...]) -> bytes:
+    """One COPY text line of the column values in `CHAT_COLUMNS` order."""
+    # One escape pass over the whole line: the fields are joined with NUL,
+    # which a repaired value never holds, and the NULs become the tabs. Each
+    # `in` is one C scan; most lines need none of the replacements.
+    line = "\x00".join(fields)
+    if line.count("\x00") != len(fields) - 1:
+        # A NUL in a value: escape field by field; the server refuses the NUL itself.
+        return "\t".join(f.translate(_ESCAPES) for f in fields).encode("utf-8") + b"\n"
+    if "\\" in line:
+        line = line.replace("\\", "\\\\")
+    if "\n" in line:
+        line = line.replace("\n", "\\n")
+    if "\r" in line:
+        line = line.replace("\r", "\\r")
+    if "\t" in line:
+        line = line.replace("\t", "\\t")
+    return line.replace("\x00", "\t").encode("utf-8") + b"\n"
+
+
+def insert_chat(cur: Cursor, msgs: Sequence[ChatMessage]) -> int:
+    """Insert `msgs` in the caller's transaction; returns the rows newly inserted."""
+    return insert_encoded(cur, [encode_row(m) for m in msgs])
+
+
+def insert_encoded(cur: Cursor, rows: Sequence[bytes]) -> int:
+    """Insert rows made by `encode_row`; returns the rows newly inserted.
+
+    First a plain COPY straight into `chat_messages` under a savepoint: for a
+    batch of new messages (the normal case) that is all, at the speed of
+    COPY itself. Only when it meets a unique violation (a replay, a resumed
+    batch, the same message twice) does it roll back to the savepoint and take
+    the staging path, whose ON CONFLICT DO NOTHING skips what is stored.
+    """
+    if not rows:
+        return 0
+    payload = b"".join(rows)
+    cur.execute(f"SAVEPOINT {_SAVEPOINT}")
+    try:
+        cur.copy_expert(_COPY_DIRECT, io.BytesIO(payload), size=_COPY_CHUNK)
+    except psycopg2.errors.UniqueViolation:
+        cur.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+    else:
+        return len(rows)
+    cur.execute(_CREATE_STAGING)
+    cur.copy_expert(_COPY, io.BytesIO(payload), size=_COPY_CHUNK)
+    cur.execute(_MOVE)
+    return max(0, cur.rowcount)
+
+
+def store_isolating(pool: Pool, msgs: Sequence[ChatMessage], deadline: float,
+                    ) -> tuple[int, list[tuple[ChatMessage, Classified]]]:
+    """Store `msgs`, isolating rows that can never be stored.
+
+    Returns (rows newly inserted, culprits with their classification). Each
+    transaction is bounded by `deadline` (monotonic). A retryable failure
+    (transient or environmental) is raised unchanged.
+    """
+    culprits: list[tuple[ChatMessage, Classified]] = []
+    encoded: list[tuple[ChatMessage, bytes]] = []
+    for msg in msgs:
+        # Screened one by one: a value the driver cannot even encode needs no
+        # round trip to be found.
+        try:
+            encoded.append((msg, encode_row(msg)))
+        except UnicodeError as exc:
+            reason = f"value cannot be encoded ({type(exc).__name__})"
+            culprits.append((msg, Classified(Kind.PERMANENT, None, reason)))
+    inserted, refused = store_rows_isolating(pool, encoded, deadline)
+    return inserted, culprits + refused
+
+
+def store_rows_isolating(pool: Pool, rows: Sequence[tuple[T, bytes]], deadline: float,
+                         ) -> tuple[int, list[tuple[T, Classified]]]:
+    """`store_isolating` for rows already encoded: (item, encode_row bytes) pairs.
+
+    The culprits are returned as their items (a message, a raw entry).
+    """
+    culprits: list[tuple[T, Classified]] = []
+    inserted = 0
+    # Depth-first, first half first: parts are committed in batch order.
+    stack: list[Sequence[tuple[T, bytes]]] = [rows] if rows else []
+    while stack:
+        part = stack.pop()
+        try:
+            with pool.transaction(deadline=deadline) as cur:
+                inserted += insert_encoded(cur, [row for _, row in part])
+        except DB_ERRORS as exc:
+            verdict = classify(exc)
+            if verdict.retryable:
+                raise
+            if len(part) == 1:
+                culprits.append((part[0][0], _with_message(verdict, exc)))
+                continue
+            mid = len(part) // 2
+            stack.append(part[mid:])
+            stack.append(part[:mid])
+    return inserted, culprits
+
+
+def _with_message(verdict: Classified, exc: BaseException) -> Classified:
+    """The verdict with the server's primary message, for the quarantine entry.
+
+    (It may quote the refused value, so it goes to the quarantine, never to a log.)
+    """
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    if not primary:
+        lines = str(exc).strip().splitlines()
+        primary = lines[0] if lines else None
+    text = primary
+    if not text or text in verdict.reason:
+        return verdict
+    return Classified(verdict.kind, verdict.sqlstate, f"{verdict.reason}: {text[:500]}")
