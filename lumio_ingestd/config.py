@@ -55,6 +55,7 @@ __all__ = [
     "RedisConfig",
     "Secret",
     "Setting",
+    "SyntheticConfig",
     "TimescaleConfig",
     "TwitchConfig",
     "example_ini",
@@ -475,6 +476,25 @@ class _Collections(_Kind):
         return ", ".join(value)
 
 
+@dataclass(frozen=True, slots=True)
+class _IdList(_Kind):
+    """Comma-separated positive account ids -> tuple of ints (at least one, no repeats)."""
+
+    def parse(self, raw: str, ctx: _Context) -> tuple[int, ...]:
+        items = [item.strip() for item in raw.split(",")]
+        ids: list[int] = []
+        for item in items:
+            if not re.fullmatch(r"[1-9][0-9]{0,18}", item) or int(item) >= 2**63:
+                raise _Invalid(f"expected comma-separated account ids like 1, 2, 3, {_got(raw)}")
+            if int(item) in ids:
+                raise _Invalid(f'"{item}" is listed twice')
+            ids.append(int(item))
+        return tuple(ids)
+
+    def render(self, value: Any) -> str:
+        return ", ".join(str(v) for v in value)
+
+
 def _credential_path(raw: str, ctx: _Context) -> Path:
     """An absolute path as is; a bare name inside $CREDENTIALS_DIRECTORY (systemd LoadCredential=)."""
     if raw.startswith("/"):
@@ -617,6 +637,11 @@ SECTION_HELP: Final[Mapping[str, str]] = {
     "http": "Webhooks, the emit API, live alert streams and health checks.",
     "twitch": "Twitch: EventSub over WebSocket and webhooks, Helix, OAuth.",
     "jetstream": "Bluesky Jetstream.",
+    "synthetic": (
+        "A synthetic test source: steady made-up chat and events with ids "
+        "syn-RUN-SEQ, for load tests and demos. Off unless rate_per_sec is above 0; "
+        "never enable it on a production database."
+    ),
     ACCOUNT_SECTION: (
         "One section per Lumio account, [account.N] with N the account id "
         "(a positive whole number). A platform is ingested for the account when "
@@ -750,6 +775,17 @@ SCHEMA: Final[tuple[Setting, ...]] = (
     _s("jetstream", "rewind_secs", "5", _Float(inclusive=True),
        "On reconnect, resume this far before the saved cursor, in seconds "
        "(replays are idempotent)."),
+    # [synthetic]
+    _s("synthetic", "rate_per_sec", "0", _Float(inclusive=True, unit="messages per second"),
+       "Chat messages per second the synthetic source makes; 0 = the source is off."),
+    _s("synthetic", "accounts", "1", _IdList(),
+       "Account ids the synthetic messages are spread over, comma-separated."),
+    _s("synthetic", "event_every", "10", _Int(1),
+       "One synthetic event for every this many chat messages."),
+    _s("synthetic", "run_id", "",
+       _Text(re.compile(r"[A-Za-z0-9_.-]{1,64}"), "up to 64 letters, digits, _ . or -",
+             optional=True),
+       "Name of the run in the synthetic ids (syn-RUN-SEQ). Empty = a random one per start."),
     # [account.N]
     _s(ACCOUNT_SECTION, "twitch_user_id", "",
        _Text(re.compile(r"[0-9]{1,20}"), "a numeric Twitch user id", optional=True),
@@ -884,6 +920,14 @@ class JetstreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SyntheticConfig:
+    rate_per_sec: float = _default("synthetic", "rate_per_sec")
+    accounts: tuple[int, ...] = _default("synthetic", "accounts")
+    event_every: int = _default("synthetic", "event_every")
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AccountConfig:
     account_id: int
     twitch_user_id: str | None = None
@@ -903,6 +947,7 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     twitch: TwitchConfig = field(default_factory=TwitchConfig)
     jetstream: JetstreamConfig = field(default_factory=JetstreamConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     accounts: tuple[AccountConfig, ...] = ()
 
 
@@ -917,6 +962,7 @@ _SECTION_CLASSES: Final[Mapping[str, type[Any]]] = {
     "http": HttpConfig,
     "twitch": TwitchConfig,
     "jetstream": JetstreamConfig,
+    "synthetic": SyntheticConfig,
     ACCOUNT_SECTION: AccountConfig,
 }
 

@@ -36,6 +36,7 @@ from lumio_ingestd.config import (
     MetricsConfig,
     RedisConfig,
     Secret,
+    SyntheticConfig,
     TimescaleConfig,
     TwitchConfig,
     example_ini,
@@ -45,7 +46,8 @@ from lumio_ingestd.config import (
 )
 
 EXAMPLE = Path(__file__).parent.parent / "etc/lumio/ingestd.ini"
-FIXED_SECTIONS = ("daemon", "redis", "timescale", "chat", "events", "metrics", "http", "twitch", "jetstream")
+FIXED_SECTIONS = ("daemon", "redis", "timescale", "chat", "events", "metrics", "http", "twitch", "jetstream",
+                  "synthetic")
 SENTINEL = "Sentinel-Secret-4711"
 
 
@@ -172,7 +174,7 @@ def test_schema_covers_every_dataclass_field_exactly_once() -> None:
     classes = {
         "daemon": DaemonConfig, "redis": RedisConfig, "timescale": TimescaleConfig, "chat": ChatConfig,
         "events": EventsConfig, "metrics": MetricsConfig, "http": HttpConfig, "twitch": TwitchConfig,
-        "jetstream": JetstreamConfig, ACCOUNT_SECTION: AccountConfig,
+        "jetstream": JetstreamConfig, "synthetic": SyntheticConfig, ACCOUNT_SECTION: AccountConfig,
     }
     for section, cls in classes.items():
         covered = [name for s in SCHEMA if s.section == section for name in s.fields]
