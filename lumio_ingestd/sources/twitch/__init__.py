@@ -1,0 +1,72 @@
+"""Twitch: EventSub over WebSocket (one source per account), EventSub webhooks, Helix, OAuth.
+
+- `mapping`: frames -> chat, events, control messages (pure).
+- `eventsub`, `ws`: the WebSocket protocol (welcome, keepalive, hand-off, dedup).
+- `source`: `TwitchSource`, the per-account thread (subscriptions, close codes).
+- `helix`, `oauth`, `httpclient`: subscriptions and the user token.
+- `gifts`, `sink`, `sessions`: gift-bomb linking, persisting + alerts, stream_sessions.
+- `webhook`: `POST /webhooks/twitch`.
+
+`build_twitch()` makes all of it from the configuration: a source for every
+account of this shard that has `twitch_user_id` and `twitch_token_file`
+(when `[twitch] client_id` is set), and the webhook receiver, which knows
+every configured account (webhooks may arrive at any replica).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from ...config import Config
+from ...db.pool import Pool
+from ...events.persist import PersistResult
+from ...httpserver import Routes
+from ...metrics import Metrics
+from ...model import ChatMessage, PlatformEvent
+from .oauth import TokenStore
+from .sessions import StreamSessions
+from .sink import Alerts, TwitchSink
+from .source import ChatQueueLike, TwitchSource
+from .webhook import MAX_BODY_BYTES, PATH, TwitchWebhook
+
+
+@dataclass
+class TwitchParts:
+    sources: list[TwitchSource] = field(default_factory=list)
+    webhook: TwitchWebhook | None = None
+    sessions: StreamSessions | None = None
+
+    def add_routes(self, routes: Routes) -> None:
+        if self.webhook is not None:
+            routes.add("POST", PATH, self.webhook.handle, max_body_bytes=MAX_BODY_BYTES)
+
+
+def build_twitch(cfg: Config, metrics: Metrics, *, pool: Pool, redis_client: redis.Redis | None,
+                 chat_queue: Callable[[str], ChatQueueLike], chat: Callable[[ChatMessage], str],
+                 persist_event: Callable[[PlatformEvent], PersistResult],
+                 alerts: Alerts | None) -> TwitchParts:
+    sessions = StreamSessions(pool, metrics)
+    sink = TwitchSink(persist_event, metrics, alerts=alerts, sessions=sessions)
+    parts = TwitchParts(sessions=sessions)
+    accounts = {a.twitch_user_id: a.account_id for a in cfg.accounts if a.twitch_user_id}
+    parts.webhook = TwitchWebhook(cfg.twitch.webhook_secret, accounts, sink, chat, redis_client, metrics)
+    if not cfg.twitch.client_id:
+        return parts
+    shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count
+    for account in cfg.accounts:
+        if account.twitch_user_id is None or account.twitch_token_file is None:
+            continue
+        if account.account_id % shard_count != shard_index:
+            continue
+        tokens = TokenStore(account.twitch_token_file, cfg.twitch.oauth_url, cfg.twitch.client_id,
+                            cfg.twitch.client_secret, metrics)
+        name = f"source-twitch-{account.account_id}"
+        parts.sources.append(TwitchSource(account, cfg.twitch, chat_queue=chat_queue(name), sink=sink,
+                                          tokens=tokens, metrics=metrics))
+    return parts
+
+
+__all__ = ["TwitchParts", "TwitchSource", "TwitchWebhook", "build_twitch"]

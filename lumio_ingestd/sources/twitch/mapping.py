@@ -1,0 +1,348 @@
+"""Twitch EventSub frames into chat messages, platform events and control messages.
+
+Pure functions, no I/O: the WebSocket session and the webhook receiver both
+map through here, so a notification becomes the same rows whichever way it
+came (INTERFACE.md, "Details that other services and tests rely on"):
+
+- `channel.chat.message` is chat: `message_id` = the event's `message_id`
+  (not the delivery id), `created_at` = the delivery timestamp
+  (`metadata.message_timestamp`, or the webhook's timestamp header).
+- Every other notification is one `events` row: `type` = the subscription
+  type, `payload` = the notification's `event` object as Twitch sent it,
+  `external_id` = the platform's own id of the event where it has one
+  (`_OWN_ID`), else the delivery id; `created_at` = the event's own time
+  field where it has one (`_OWN_TIME`), else the delivery timestamp;
+  `user_id` = the viewer the event is about (GDPR erasure finds it there).
+- `channel.subscription.gift` and `channel.subscribe` with `is_gift` carry a
+  `Gift` note, which `gifts.GiftLinker` uses to link the recipients to their
+  gift; `stream.online` / `stream.offline` carry a `StreamChange`.
+
+Own ids are taken only where the id names this one event: the update of a
+redemption, the progress of a poll or the end of a hype train repeat the id of
+what they update, so those use the delivery id (or they would be deduplicated
+into the first row). The dedup key is (account, external_id) across all
+types, so numeric ids from other id sequences (unban requests, extension
+transactions) are left out too: a collision with a stream id would drop one.
+
+A frame that cannot be used raises `BadFrame` with a short `reason` (a label
+of `source_bad_frames`): "utf8", "nul" (a raw NUL byte: not valid JSON text),
+"json", "shape" (a field missing or of the wrong type), "time" (a timestamp
+outside 2000 .. now + 1 day), "too_large" (and, from the socket reader,
+"binary"). A `\\u0000` escape inside a string
+is valid JSON; the model repairs it (U+FFFD) and counts it as sanitized.
+
+Nothing durable here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from ...model import ChatMessage, PlatformEvent, parse_time
+
+PLATFORM = "twitch"
+MAX_FRAME_BYTES = 512 * 1024
+
+CHAT_TYPE = "channel.chat.message"
+GIFT_TYPE = "channel.subscription.gift"
+SUB_TYPE = "channel.subscribe"
+CONTROL_TYPES = frozenset({"session_welcome", "session_keepalive", "session_reconnect", "revocation"})
+
+# Subscription type -> the event field that is the platform's own id of this one event.
+_OWN_ID: Mapping[str, str] = {
+    "channel.channel_points_custom_reward_redemption.add": "id",
+    "channel.channel_points_automatic_reward_redemption.add": "id",
+    "stream.online": "id",
+    "channel.chat.notification": "message_id",
+    "channel.charity_campaign.donate": "id",
+}
+
+# Subscription type -> the event field that is this event's own time.
+_OWN_TIME: Mapping[str, str] = {
+    "channel.follow": "followed_at",
+    "stream.online": "started_at",
+    "channel.channel_points_custom_reward_redemption.add": "redeemed_at",
+    "channel.channel_points_automatic_reward_redemption.add": "redeemed_at",
+    "channel.ban": "banned_at",
+    "channel.unban_request.create": "created_at",
+    "channel.shoutout.create": "started_at",
+    "channel.shoutout.receive": "started_at",
+    "channel.poll.begin": "started_at",
+    "channel.poll.end": "ended_at",
+    "channel.prediction.begin": "started_at",
+    "channel.prediction.lock": "locked_at",
+    "channel.prediction.end": "ended_at",
+    "channel.hype_train.begin": "started_at",
+    "channel.hype_train.end": "ended_at",
+    "channel.goal.begin": "started_at",
+    "channel.goal.end": "ended_at",
+    "channel.shield_mode.begin": "started_at",
+    "channel.shield_mode.end": "ended_at",
+    "channel.charity_campaign.start": "started_at",
+    "channel.charity_campaign.stop": "stopped_at",
+    "channel.ad_break.begin": "started_at",
+    "automod.message.hold": "held_at",
+}
+
+# Where the viewer an event is about sits, first match wins (raids: the raider).
+_USER_FIELDS = ("user_id", "chatter_user_id", "from_broadcaster_user_id", "requester_user_id")
+
+# Condition keys that name the channel a subscription is about (webhooks: which account).
+_CHANNEL_KEYS = ("broadcaster_user_id", "to_broadcaster_user_id", "from_broadcaster_user_id", "user_id")
+
+# Chat fields kept next to the text (display data; the text itself is a column).
+_CHAT_EXTRAS = ("message_type", "color", "badges", "cheer", "reply", "channel_points_custom_reward_id",
+                "source_broadcaster_user_id", "source_message_id", "broadcaster_user_id")
+
+_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+_FUTURE_SLACK = timedelta(days=1)
+
+
+class BadFrame(ValueError):
+    """A frame that cannot be used; `reason` is a short label, the message says why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """The `metadata` of a WebSocket frame, and its `payload`."""
+
+    message_id: str
+    message_type: str
+    timestamp: datetime
+    subscription_type: str | None
+    subscription_version: str | None
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Gift:
+    """A gift note: the community gift itself ("bomb", with its total) or one gifted sub."""
+
+    role: Literal["bomb", "recipient"]
+    tier: str
+    total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChange:
+    kind: Literal["online", "offline"]
+    stream_id: str | None
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """What one notification became: chat, or an event with its notes."""
+
+    chat: ChatMessage | None = None
+    event: PlatformEvent | None = None
+    gift: Gift | None = None
+    stream: StreamChange | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Interpreted:
+    """A WebSocket frame, classified: "chat", "event", "control" or "unsupported"."""
+
+    kind: Literal["chat", "event", "control", "unsupported"]
+    envelope: Envelope
+    items: tuple[Notification, ...] = ()
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def decode_json(data: bytes | str) -> dict[str, Any]:
+    """A JSON object from a frame or a request body; raises BadFrame."""
+    if len(data) > MAX_FRAME_BYTES:
+        raise BadFrame("too_large", f"frame of {len(data)} bytes (limit {MAX_FRAME_BYTES})")
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadFrame("utf8", f"not UTF-8 (byte {exc.start})") from None
+    else:
+        text = data
+    if "\x00" in text:
+        raise BadFrame("nul", f"raw NUL character at offset {text.index(chr(0))}")
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise BadFrame("json", f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadFrame("json", f"not a JSON object but {type(obj).__name__}")
+    return obj
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise BadFrame("shape", f"{where}.{key} missing or not a non-empty string")
+    return value
+
+
+def _obj(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    if not isinstance(value, dict):
+        raise BadFrame("shape", f"{where}.{key} missing or not an object")
+    return value
+
+
+def sane_time(text: str, where: str, now: datetime | None = None) -> datetime:
+    """An RFC 3339 time within 2000-01-01 .. now + 1 day; raises BadFrame("time")."""
+    try:
+        ts = parse_time(text)
+    except ValueError:
+        raise BadFrame("time", f"{where} is not an RFC 3339 time") from None
+    now = now or datetime.now(UTC)
+    if not _EARLIEST <= ts <= now + _FUTURE_SLACK:
+        raise BadFrame("time", f"{where} {text[:40]!r} is outside 2000-01-01 .. now + 1 day")
+    return ts
+
+
+def parse_envelope(data: bytes | str) -> Envelope:
+    obj = decode_json(data)
+    metadata = _obj(obj, "metadata", "frame")
+    payload = obj.get("payload")
+    if not isinstance(payload, dict):
+        raise BadFrame("shape", "frame.payload missing or not an object")
+    sub_type = metadata.get("subscription_type")
+    sub_version = metadata.get("subscription_version")
+    return Envelope(
+        message_id=_str(metadata, "message_id", "metadata"),
+        message_type=_str(metadata, "message_type", "metadata"),
+        timestamp=sane_time(_str(metadata, "message_timestamp", "metadata"), "metadata.message_timestamp"),
+        subscription_type=sub_type if isinstance(sub_type, str) and sub_type else None,
+        subscription_version=sub_version if isinstance(sub_version, str) else None,
+        payload=payload,
+    )
+
+
+def interpret(account_id: int, data: bytes | str) -> Interpreted:
+    """Classify one WebSocket frame and map it if it is a notification; raises BadFrame."""
+    env = parse_envelope(data)
+    if env.message_type in CONTROL_TYPES:
+        return Interpreted("control", env)
+    if env.message_type != "notification":
+        return Interpreted("unsupported", env)
+    sub_type = env.subscription_type or subscription_type_of(env.payload)
+    items = map_notification(account_id, sub_type, env.payload, env.message_id, env.timestamp)
+    kind: Literal["chat", "event"] = "chat" if items and items[0].chat is not None else "event"
+    return Interpreted(kind, env, tuple(items))
+
+
+def subscription_type_of(body: Mapping[str, Any]) -> str:
+    """The subscription type named inside a notification body (payload.subscription.type)."""
+    return _str(_obj(body, "subscription", "payload"), "type", "payload.subscription")
+
+
+def channel_of(body: Mapping[str, Any]) -> str | None:
+    """The Twitch user id of the channel a subscription is about (its condition)."""
+    sub = body.get("subscription")
+    condition = sub.get("condition") if isinstance(sub, dict) else None
+    if not isinstance(condition, dict):
+        return None
+    for key in _CHANNEL_KEYS:
+        value = condition.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+# --------------------------------------------------------------------------- notifications
+
+
+def map_notification(account_id: int, sub_type: str, body: Mapping[str, Any], delivery_id: str,
+                     delivery_time: datetime) -> list[Notification]:
+    """The rows of one notification body ({subscription, event} or batched {events: [...]})."""
+    if not sub_type:
+        raise BadFrame("shape", "notification without a subscription type")
+    if "event" not in body and isinstance(body.get("events"), list):
+        # Batched delivery (is_batching_enabled): one row per item, each with its own id.
+        out: list[Notification] = []
+        for i, item in enumerate(body["events"]):
+            if not isinstance(item, dict):
+                raise BadFrame("shape", f"payload.events[{i}] is not an object")
+            item_id = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else None
+            out.append(_one(account_id, sub_type, _obj(item, "data", f"payload.events[{i}]"),
+                            item_id or f"{delivery_id}:{i}", delivery_time))
+        return out
+    return [_one(account_id, sub_type, _obj(body, "event", "payload"), delivery_id, delivery_time)]
+
+
+def _one(account_id: int, sub_type: str, event: Mapping[str, Any], delivery_id: str,
+         delivery_time: datetime) -> Notification:
+    if sub_type == CHAT_TYPE:
+        return Notification(chat=map_chat(account_id, event, delivery_time))
+    created_at = _own_time(sub_type, event) or delivery_time
+    own_key = _OWN_ID.get(sub_type)
+    own_id = event.get(own_key) if own_key else None
+    external_id = own_id if isinstance(own_id, (str, int)) and str(own_id) else delivery_id
+    ev = PlatformEvent.new(account_id=account_id, platform=PLATFORM, type=sub_type, payload=event,
+                           created_at=created_at, external_id=str(external_id),
+                           user_id=_user_of(event))
+    return Notification(event=ev, gift=_gift_of(sub_type, event), stream=_stream_of(sub_type, event, ev))
+
+
+def map_chat(account_id: int, event: Mapping[str, Any], delivery_time: datetime) -> ChatMessage:
+    message = event.get("message")
+    text = message.get("text") if isinstance(message, dict) else None
+    extras: dict[str, Any] = {k: event[k] for k in _CHAT_EXTRAS if event.get(k) is not None}
+    if isinstance(message, dict) and isinstance(message.get("fragments"), list):
+        extras["fragments"] = message["fragments"]
+    return ChatMessage.create(
+        platform=PLATFORM, account_id=account_id, message_id=_str(event, "message_id", "event"),
+        created_at=delivery_time, user_id=_text(event.get("chatter_user_id")),
+        user_login=_text(event.get("chatter_user_login")),
+        display_name=_text(event.get("chatter_user_name")),
+        text=text if isinstance(text, str) else "", extras=extras)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
+def _own_time(sub_type: str, event: Mapping[str, Any]) -> datetime | None:
+    key = _OWN_TIME.get(sub_type)
+    value = event.get(key) if key else None
+    if not isinstance(value, str):
+        return None
+    try:
+        return sane_time(value, f"event.{key}")
+    except BadFrame:
+        return None  # the delivery timestamp is the fallback, as for types without one
+
+
+def _user_of(event: Mapping[str, Any]) -> str | None:
+    for key in _USER_FIELDS:
+        value = event.get(key)
+        if isinstance(value, (str, int)) and str(value):
+            return str(value)
+    return None
+
+
+def _gift_of(sub_type: str, event: Mapping[str, Any]) -> Gift | None:
+    tier = _text(event.get("tier"))
+    if sub_type == GIFT_TYPE:
+        total = event.get("total")
+        return Gift("bomb", tier, total if isinstance(total, int) and total > 0 else 0)
+    if sub_type == SUB_TYPE and event.get("is_gift") is True:
+        return Gift("recipient", tier)
+    return None
+
+
+def _stream_of(sub_type: str, event: Mapping[str, Any], ev: PlatformEvent) -> StreamChange | None:
+    if sub_type == "stream.online":
+        stream_id = event.get("id")
+        return StreamChange("online", str(stream_id) if stream_id else None, ev.created_at)
+    if sub_type == "stream.offline":
+        return StreamChange("offline", None, ev.created_at)
+    return None

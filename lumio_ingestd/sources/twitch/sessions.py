@@ -1,0 +1,120 @@
+"""`stream_sessions`: when an account was live, opened by `stream.online`, closed by `stream.offline`.
+
+Both writes are idempotent, so a redelivered or replayed notification
+changes nothing:
+
+- online: the row keyed by (account, platform, stream id) is inserted unless
+  it exists (the unique index `stream_sessions_external_idx`); a session of
+  the same account still open from an earlier stream (its offline never
+  came: a gap) is closed at the new stream's start;
+- offline (it carries no stream id): every open session of the account that
+  started at or before the offline time is closed at that time.
+
+A write that fails (the database is down) is kept in a small in-memory list
+and retried, in order, by `retry_pending()` (the source's idle timer, and
+every later change); the events themselves are durable on their own path
+(stored, parked or spooled). Durable when `apply` returns True: committed.
+What is still pending when the process stops is logged and dropped: the
+stored `stream.online`/`stream.offline` events are the record it can be
+rebuilt from.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ...db.errors import classify
+from ...db.pool import Pool
+from ...metrics import Metrics
+from .mapping import PLATFORM, StreamChange
+
+log = logging.getLogger(__name__)
+
+_CLOSE_EARLIER = """
+UPDATE stream_sessions SET ended_at = %(at)s
+WHERE account_id = %(account)s AND platform = %(platform)s AND ended_at IS NULL
+  AND started_at < %(at)s AND external_id IS DISTINCT FROM %(stream)s
+"""
+_OPEN = """
+INSERT INTO stream_sessions (account_id, platform, external_id, started_at)
+VALUES (%(account)s, %(platform)s, %(stream)s, %(at)s)
+ON CONFLICT (account_id, platform, external_id) WHERE external_id IS NOT NULL DO NOTHING
+"""
+_CLOSE = """
+UPDATE stream_sessions SET ended_at = %(at)s
+WHERE account_id = %(account)s AND platform = %(platform)s AND ended_at IS NULL
+  AND started_at <= %(at)s
+"""
+
+
+class StreamSessions:
+    def __init__(self, pool: Pool, metrics: Metrics, *, timeout_secs: float = 3.0,
+                 retry_every_secs: float = 5.0, max_pending: int = 1000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._pool = pool
+        self._metrics = metrics
+        self._timeout = timeout_secs
+        self._retry_every = retry_every_secs
+        self._clock = clock
+        self._pending: deque[tuple[int, StreamChange]] = deque(maxlen=max_pending)
+        self._lock = threading.Lock()
+        self._next_retry = 0.0
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def apply(self, account_id: int, change: StreamChange) -> bool:
+        """Write the change (after any earlier ones still pending); True when committed."""
+        with self._lock:
+            self._pending.append((account_id, change))
+        return self._flush()
+
+    def retry_pending(self) -> None:
+        """Retry pending writes, at most every `retry_every_secs`."""
+        if not self.pending() or self._clock() < self._next_retry:
+            return
+        self._flush()
+
+    def _flush(self) -> bool:
+        with self._lock:
+            while self._pending:
+                account_id, change = self._pending[0]
+                try:
+                    self._write(account_id, change)
+                except Exception as exc:  # noqa: BLE001 - classified and kept for a retry
+                    verdict = classify(exc)
+                    self._next_retry = self._clock() + self._retry_every
+                    self._metrics.stream_session_writes.labels("failed").inc()
+                    if not verdict.retryable:
+                        self._pending.popleft()
+                        log.error("stream session %s for account %s refused by the database "
+                                  "(%s); dropped", change.kind, account_id, verdict.reason)
+                        continue
+                    log.warning("stream session %s for account %s not written (%s); %d pending, "
+                                "retried", change.kind, account_id, verdict.reason, len(self._pending))
+                    return False
+                self._pending.popleft()
+                self._metrics.stream_session_writes.labels("ok").inc()
+            return True
+
+    def _write(self, account_id: int, change: StreamChange) -> None:
+        params = {"account": account_id, "platform": PLATFORM, "stream": change.stream_id,
+                  "at": change.at}
+        with self._pool.transaction(deadline=time.monotonic() + self._timeout) as cur:
+            if change.kind == "online":
+                cur.execute(_CLOSE_EARLIER, params)
+                cur.execute(_OPEN, params)
+            else:
+                cur.execute(_CLOSE, params)
+
+    def drop_pending(self) -> None:
+        with self._lock:
+            if self._pending:
+                log.warning("%d stream session change(s) not written at stop; the stored "
+                            "stream.online/offline events keep the record", len(self._pending))
+            self._pending.clear()

@@ -1,0 +1,87 @@
+"""Where mapped Twitch events go: `persist_event`, live alerts, gift linking, stream sessions.
+
+Shared by the WebSocket source and the webhook receiver, so both store and
+announce an event the same way:
+
+- `persist(ev)` calls `persist_event` (inline insert, else park, else spool,
+  else counted lost) and publishes the live alert when the event was taken
+  now (stored, parked or spooled; not a redelivery the database already
+  had). A stored gift bomb is counted once here.
+- `deliver(note, gifts)` adds the notes of a notification: a gift bomb is
+  held by the `GiftLinker` (persisted later with its recipients), a gifted
+  sub is persisted and then offered to the linker, `stream.online`/`offline`
+  change `stream_sessions`.
+
+Durable when `persist` returns: whatever its `PersistResult` says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from ...events.persist import PersistResult
+from ...metrics import Metrics
+from ...model import PlatformEvent
+from .gifts import GiftLinker
+from .mapping import GIFT_TYPE, PLATFORM, Notification, StreamChange
+from .sessions import StreamSessions
+
+TAKEN = ("stored", "parked", "spooled")
+
+
+class Alerts(Protocol):
+    def publish(self, ev: PlatformEvent) -> None: ...
+
+
+class TwitchSink:
+    def __init__(self, persist_event: Callable[[PlatformEvent], PersistResult], metrics: Metrics, *,
+                 alerts: Alerts | None, sessions: StreamSessions | None) -> None:
+        self._persist_event = persist_event
+        self._metrics = metrics
+        self._alerts = alerts
+        self.sessions = sessions
+
+    def persist(self, ev: PlatformEvent, stream: StreamChange | None = None) -> PersistResult:
+        result = self._persist_event(ev)
+        if result.outcome in TAKEN:
+            if self._alerts is not None:
+                self._alerts.publish(result.event)
+            if ev.type == GIFT_TYPE:
+                self._metrics.events_gift_bombs.labels(PLATFORM).inc()
+        if stream is not None and self.sessions is not None:
+            self.sessions.apply(ev.account_id, stream)
+        return result
+
+    def deliver(self, note: Notification, gifts: GiftLinker) -> PersistResult | None:
+        """Persist one notification's event; None when it is a gift bomb now held by `gifts`."""
+        ev = note.event
+        assert ev is not None, "deliver() takes event notifications"
+        if note.gift is not None and note.gift.role == "bomb":
+            for ready in gifts.hold(ev, note.gift):
+                self.persist(ready)
+            return None
+        result = self.persist(ev, note.stream)
+        if note.gift is not None and result.outcome != "duplicate":
+            gifts.link(result.event, note.gift)
+        return result
+
+    def deliver_waiting(self, note: Notification, gifts: GiftLinker, wait_secs: float) -> PersistResult:
+        """`deliver` for callers without an idle timer (webhook requests): a gift bomb waits
+        here, up to `wait_secs`, for its recipients and is persisted before this returns."""
+        ev = note.event
+        assert ev is not None, "deliver_waiting() takes event notifications"
+        if note.gift is None or note.gift.role != "bomb":
+            result = self.deliver(note, gifts)
+            assert result is not None
+            return result
+        mine: PersistResult | None = None
+        for ready in gifts.hold(ev, note.gift):
+            result = self.persist(ready)
+            if ready.id == ev.id:
+                mine = result
+        if mine is not None:
+            return mine
+        held = gifts.wait(ev.id, wait_secs)
+        # None: another caller handed it back (drain at shutdown) and persisted it.
+        return self.persist(held if held is not None else ev)

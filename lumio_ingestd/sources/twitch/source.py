@@ -1,0 +1,258 @@
+"""`TwitchSource`: one account's EventSub WebSocket, one thread.
+
+The thread connects (token validated, socket opened, `session_welcome`
+read), creates the account's subscriptions through Helix inside the window
+Twitch gives after the welcome (10 s; a session without a subscription is
+closed with 4003), and then reads: chat goes to the source's in-memory
+`ChatQueue` (handed to Redis in small batches, at the latest every
+`max_delay_secs`), events go through `TwitchSink` (persist_event, alerts,
+gift linking, stream sessions) one at a time.
+
+When the connection ends it reconnects to the base URL with jittered
+exponential backoff (the Source base) and subscribes again; the close codes
+are handled as Twitch documents them (PROTOCOLS.md 1.4):
+
+    4000 internal server error       reconnect with backoff, resubscribe
+    4001 client sent inbound traffic  a bug here (nothing is ever sent):
+                                      logged as an error, reconnect after the
+                                      longest backoff
+    4002 failed ping-pong             reconnect (pongs are sent by the reader)
+    4003 connection unused            subscriptions came too late: reconnect
+    4004 reconnect grace expired      the hand-off failed: base URL, resubscribe
+    4005 network timeout, 4006 network error: reconnect, resubscribe
+    4007 invalid reconnect URL        base URL, resubscribe
+
+A planned `session_reconnect` is a hand-off inside `EventSubClient`, not a
+reconnect: no subscription is created again and nothing is lost or doubled.
+A revocation stops that subscription (no more events are expected for it;
+the next new session asks for it again, and Helix says whether it may).
+
+Durable when the source has stopped: `release()` persisted the gifts still
+held and handed the chat queue to Redis (or the database, or the spool).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from ...config import AccountConfig, TwitchConfig
+from ...metrics import Metrics
+from ...model import ChatMessage
+from ..base import Source, SourceClosed
+from .eventsub import EventSubClient, EventSubClosed, KeepaliveTimeout
+from .gifts import GiftLinker
+from .helix import SUBSCRIPTIONS, HelixClient, HelixError, Subscription, condition_for
+from .mapping import PLATFORM, BadFrame, Envelope, Notification
+from .oauth import TokenError, TokenRejected, TokenStore
+from .sink import TwitchSink
+
+log = logging.getLogger(__name__)
+
+GIFT_WINDOW_SECS = 3.0
+SUBSCRIBE_WINDOW_SECS = 10.0
+_VALIDATE_CHECK_SECS = 60.0
+
+# What each close code means, and how loud it is (PROTOCOLS.md 1.4).
+CLOSE_CODES: dict[int, tuple[str, int]] = {
+    4000: ("Twitch had an internal server error", logging.WARNING),
+    4001: ("Twitch says this client sent inbound traffic; it never sends data frames, so this "
+           "is a bug here", logging.ERROR),
+    4002: ("Twitch says this client failed ping-pong", logging.WARNING),
+    4003: ("the connection was unused: no subscription within the window", logging.WARNING),
+    4004: ("the reconnect grace time expired: the hand-off failed", logging.WARNING),
+    4005: ("network timeout", logging.INFO),
+    4006: ("network error", logging.INFO),
+    4007: ("the reconnect URL was invalid", logging.WARNING),
+}
+
+
+class ChatQueueLike(Protocol):
+    def add(self, msg: ChatMessage, now: float | None = None) -> None: ...
+
+    def poll(self, now: float | None = None) -> None: ...
+
+    def drain(self) -> object: ...
+
+
+class TwitchSource(Source):
+    platform = PLATFORM
+    max_turn_secs = 60.0
+
+    def __init__(self, account: AccountConfig, twitch: TwitchConfig, *, chat_queue: ChatQueueLike,
+                 sink: TwitchSink, tokens: TokenStore, metrics: Metrics,
+                 keepalive_secs: int | None = None, keepalive_margin_secs: float | None = None,
+                 subscriptions: Sequence[Subscription] = SUBSCRIPTIONS,
+                 subscribe_window_secs: float = SUBSCRIBE_WINDOW_SECS,
+                 gift_window_secs: float = GIFT_WINDOW_SECS, connect_timeout_secs: float = 10.0,
+                 read_budget_secs: float = 0.5) -> None:
+        if account.twitch_user_id is None:
+            raise ValueError(f"account {account.account_id} has no twitch_user_id")
+        super().__init__(f"source-twitch-{account.account_id}", metrics)
+        self.account_id = account.account_id
+        self.broadcaster_id = account.twitch_user_id
+        self._queue = chat_queue
+        self._sink = sink
+        self._tokens = tokens
+        self._helix = HelixClient(twitch.helix_url, twitch.client_id, tokens)
+        self._subscriptions = tuple(subscriptions)
+        self._subscribe_window = subscribe_window_secs
+        self._read_budget = read_budget_secs
+        self.gifts = GiftLinker(gift_window_secs, metrics)
+        self.client = EventSubClient(
+            twitch.eventsub_ws_url, keepalive_secs or twitch.keepalive_timeout_secs, account.account_id,
+            self, metrics, connect_timeout_secs=connect_timeout_secs, margin_secs=keepalive_margin_secs,
+            name=self.name)
+        self.active: set[str] = set()  # subscription types enabled on the current session
+        self._forced_backoff: float | None = None
+        self._next_validate_check = 0.0
+
+    # -- Source --------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        self._housekeeping(time.monotonic())  # what waited through the backoff goes out first
+        try:
+            self._tokens.reload_if_changed()
+            self._tokens.validate_if_due()
+        except TokenRejected as exc:
+            log.error("%s: %s", self.name, exc)
+            raise
+        self._next_validate_check = time.monotonic() + _VALIDATE_CHECK_SECS
+        session_id = self.client.connect()
+        try:
+            self._subscribe(session_id)
+        except BaseException:
+            self.client.reset()
+            raise
+
+    def read_once(self) -> None:
+        try:
+            self.client.read(self._read_budget)
+        except SourceClosed as exc:
+            if isinstance(exc, EventSubClosed):
+                self._closed_with(exc.code)
+            elif isinstance(exc, KeepaliveTimeout):
+                self.metrics.source_closes.labels(PLATFORM, "keepalive").inc()
+            # The backoff may be long: nothing read so far waits in memory through it.
+            self._queue.drain()
+            raise
+
+    def close(self) -> None:
+        self.client.abort()
+        if self.stopping:
+            self._helix.cancel.cancel()  # a subscribe call in flight must not hold up the stop
+
+    def idle(self) -> None:
+        now = time.monotonic()
+        self._housekeeping(now)
+        if self.connected and now >= self._next_validate_check:
+            self._next_validate_check = now + _VALIDATE_CHECK_SECS
+            try:
+                self._tokens.validate_if_due()
+            except TokenRejected as exc:
+                # Twitch requires ending sessions whose token is no longer valid.
+                log.error("%s: %s; closing the session", self.name, exc)
+                self.client.abort()
+            except TokenError as exc:
+                log.warning("%s: hourly token validation failed (%s); trying again later",
+                            self.name, exc)
+
+    def _housekeeping(self, now: float) -> None:
+        self._queue.poll()
+        for gift in self.gifts.due(now):
+            self._sink.persist(gift)
+        if self._sink.sessions is not None:
+            self._sink.sessions.retry_pending()
+
+    def release(self) -> None:
+        self.client.reset()
+        for gift in self.gifts.drain():
+            self._sink.persist(gift)
+        counts = self._queue.drain()
+        if self._sink.sessions is not None:
+            self._sink.sessions.drop_pending()
+        log.info("%s: released (%s)", self.name, counts)
+
+    def next_backoff(self) -> float:
+        forced, self._forced_backoff = self._forced_backoff, None
+        return forced if forced is not None else super().next_backoff()
+
+    # -- subscriptions --------------------------------------------------------------------
+
+    def _subscribe(self, session_id: str) -> None:
+        """Create every subscription on the new session, inside the window after the welcome."""
+        self.active.clear()
+        deadline = self.client.welcomed_at + self._subscribe_window
+        failed: list[str] = []
+        for sub in self._subscriptions:
+            if self.stopping:
+                raise SourceClosed("stopping")
+            left = deadline - time.monotonic()
+            if left <= 0.2:
+                failed.append(f"{sub.type} (window over)")
+                self.metrics.source_subscriptions.labels(PLATFORM, "late").inc()
+                continue
+            try:
+                status, _ = self._helix.create_subscription(
+                    sub, condition_for(sub.type, self.broadcaster_id), session_id,
+                    timeout=min(5.0, left))
+            except HelixError as exc:
+                failed.append(f"{sub.type} ({exc})")
+                self.metrics.source_subscriptions.labels(PLATFORM, "failed").inc()
+                continue
+            self.active.add(sub.type)
+            self.metrics.source_subscriptions.labels(PLATFORM, "exists" if status == 409 else "ok").inc()
+        if failed:
+            log.warning("%s: %d subscription(s) not created: %s", self.name, len(failed), "; ".join(failed))
+        if not self.active:
+            raise SourceClosed("no subscription could be created; the session would be closed (4003)")
+        log.info("%s: session %s with %d subscription(s)", self.name, session_id, len(self.active))
+
+    # -- FrameHandler -----------------------------------------------------------------------
+
+    def on_notification(self, env: Envelope, items: tuple[Notification, ...]) -> None:
+        for note in items:
+            if note.chat is not None:
+                self._queue.add(note.chat)
+            elif note.event is not None:
+                self._sink.deliver(note, self.gifts)
+
+    def on_revocation(self, env: Envelope) -> None:
+        sub = env.payload.get("subscription")
+        sub_type = sub.get("type") if isinstance(sub, dict) else None
+        status = sub.get("status") if isinstance(sub, dict) else None
+        sub_type = sub_type if isinstance(sub_type, str) else env.subscription_type or "?"
+        status = status if isinstance(status, str) else "unknown"
+        self.active.discard(sub_type)
+        label = status if status in ("authorization_revoked", "user_removed", "version_removed",
+                                     "moderator_removed") else "other"
+        self.metrics.source_revocations.labels(PLATFORM, label).inc()
+        log.warning("%s: Twitch revoked the %s subscription (%s); %d left on this session",
+                    self.name, sub_type, status, len(self.active))
+        if not self.active:
+            raise SourceClosed("every subscription was revoked")
+
+    def on_bad_frame(self, exc: BadFrame) -> None:
+        self.metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
+        log.warning("%s: refused a frame (%s): %s", self.name, exc.reason, exc)
+
+    def on_unsupported(self, env: Envelope) -> None:
+        self.metrics.source_bad_frames.labels(PLATFORM, "unsupported").inc()
+        log.info("%s: unsupported message type %r (id %s) skipped", self.name,
+                 env.message_type[:64], env.message_id[:64])
+
+    # -- close codes ------------------------------------------------------------------------
+
+    def _closed_with(self, code: int | None) -> None:
+        label = str(code) if code in CLOSE_CODES or code in (1000, 1001, 1006, 1011) else (
+            "none" if code is None else "other")
+        self.metrics.source_closes.labels(PLATFORM, label).inc()
+        if code not in CLOSE_CODES:
+            return
+        meaning, level = CLOSE_CODES[code]
+        log.log(level, "%s: closed with %d: %s; reconnecting to the base URL and subscribing again",
+                self.name, code, meaning)
+        if code == 4001:
+            self._forced_backoff = self.reconnect_max_secs

@@ -1,0 +1,223 @@
+"""`POST /webhooks/twitch`: EventSub deliveries over HTTP.
+
+Checks, in order, before anything is parsed or stored:
+
+1. the `Twitch-Eventsub-Message-*` headers are there (else 400);
+2. the signature: `sha256=` + hex HMAC-SHA256 keyed with `[twitch]
+   webhook_secret_file` over the message id, the timestamp header and the raw
+   body, compared in constant time (else 403);
+3. the timestamp is at most 10 minutes away from now (else 403: a replay of
+   an old delivery, or a clock far off).
+
+Then, by message type:
+
+- `webhook_callback_verification`: 200 with the `challenge` as the whole
+  plain-text body;
+- `revocation`: logged (type, status), counted, 204;
+- `notification`: a delivery id handled before (kept in Redis for an hour,
+  `lumio:webhooks:twitch:seen:ID`, and in a bounded in-memory cache when
+  Redis is away) is answered 200 and not stored again. Otherwise the body
+  goes through the same mapping as the WebSocket (`mapping.map_notification`;
+  the account is the configured one whose `twitch_user_id` the
+  subscription's condition names): chat through `buffer_or_persist`, events
+  through `TwitchSink` (persist_event, alerts, stream sessions; a gift bomb
+  waits up to `gift_wait_secs` for its gifted subs, which arrive as their own
+  requests). Answered 204 once everything is durable (stored, parked or
+  spooled), or refused for good by the database (a retry could not help);
+  503 when it was lost, so that Twitch delivers it again.
+
+The answer comes within the bounded insert (3 s), plus the gift wait for a
+gift bomb; bodies are capped by the route (`MAX_BODY_BYTES`).
+
+Durable when 2xx is answered for a notification: see above.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+
+import redis
+
+from ... import rediskeys
+from ...config import Secret
+from ...httpserver import Request, Response
+from ...metrics import Metrics
+from ...model import ChatMessage, parse_time
+from ...redisclient import REDIS_ERRORS
+from .eventsub import RecentIds
+from .gifts import GiftLinker
+from .mapping import PLATFORM, BadFrame, channel_of, decode_json, map_notification, subscription_type_of
+from .sink import TwitchSink
+
+log = logging.getLogger(__name__)
+
+PATH = "/webhooks/twitch"
+MAX_BODY_BYTES = 256 * 1024
+MAX_AGE_SECS = 600.0
+SEEN_TTL_SECS = 3600
+GIFT_WAIT_SECS = 2.0
+SECRET_KEY = "[twitch] webhook_secret_file"
+
+H_ID = "Twitch-Eventsub-Message-Id"
+H_TIMESTAMP = "Twitch-Eventsub-Message-Timestamp"
+H_SIGNATURE = "Twitch-Eventsub-Message-Signature"
+H_TYPE = "Twitch-Eventsub-Message-Type"
+H_SUB_TYPE = "Twitch-Eventsub-Subscription-Type"
+
+
+def signature(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
+    digest = hmac.new(secret.encode(), message_id.encode() + timestamp.encode() + body, hashlib.sha256)
+    return "sha256=" + digest.hexdigest()
+
+
+class TwitchWebhook:
+    def __init__(self, secret: Secret | None, accounts: Mapping[str, int], sink: TwitchSink,
+                 chat: Callable[[ChatMessage], str], redis_client: redis.Redis | None,
+                 metrics: Metrics, *, gift_wait_secs: float = GIFT_WAIT_SECS,
+                 max_age_secs: float = MAX_AGE_SECS, seen_ttl_secs: int = SEEN_TTL_SECS,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._secret = secret
+        self._accounts = dict(accounts)
+        self._sink = sink
+        self._chat = chat
+        self._redis = redis_client
+        self._metrics = metrics
+        self._gift_wait = gift_wait_secs
+        self._max_age = max_age_secs
+        self._seen_ttl = seen_ttl_secs
+        self._clock = clock
+        self._recent = RecentIds(50_000)
+        self._lock = threading.Lock()
+        self._gifts: dict[int, GiftLinker] = {}
+
+    def handle(self, request: Request) -> Response:
+        response, result = self._handle(request)
+        self._metrics.http_webhook_requests.labels(PLATFORM, result).inc()
+        return response
+
+    # -- the checks ---------------------------------------------------------------------
+
+    def _handle(self, request: Request) -> tuple[Response, str]:
+        if self._secret is None:
+            return Response.json(403, {"error": f"webhooks are disabled until {SECRET_KEY} is set"}), \
+                "disabled"
+        headers = request.headers
+        message_id = (headers.get(H_ID) or "").strip()
+        timestamp = (headers.get(H_TIMESTAMP) or "").strip()
+        given = (headers.get(H_SIGNATURE) or "").strip()
+        message_type = (headers.get(H_TYPE) or "").strip()
+        if not (message_id and timestamp and given and message_type):
+            return Response.json(400, {"error": f"missing {H_ID}, {H_TIMESTAMP}, {H_SIGNATURE} or "
+                                                f"{H_TYPE} header"}), "bad_request"
+        expected = signature(self._secret.reveal(), message_id, timestamp, request.body)
+        if not hmac.compare_digest(expected.encode(), given.lower().encode()):
+            log.warning("twitch webhook: signature mismatch on delivery %s from %s; refused",
+                        message_id[:64], request.client)
+            return Response.json(403, {"error": "signature mismatch"}), "forged"
+        try:
+            sent_at = parse_time(timestamp)
+        except ValueError:
+            return Response.json(400, {"error": f"{H_TIMESTAMP} is not an RFC 3339 time"}), "bad_request"
+        age = (self._clock() - sent_at).total_seconds()
+        if abs(age) > self._max_age:
+            log.warning("twitch webhook: delivery %s is %.0fs old (limit %.0fs); refused",
+                        message_id[:64], age, self._max_age)
+            return Response.json(403, {"error": "stale timestamp"}), "stale"
+        if message_type == "webhook_callback_verification":
+            return self._challenge(request.body)
+        if message_type == "revocation":
+            return self._revocation(request.body)
+        if message_type != "notification":
+            log.info("twitch webhook: unsupported message type %r; acknowledged", message_type[:64])
+            return Response(204), "unsupported"
+        if self._seen(message_id):
+            return Response.json(200, {"duplicate": True}), "replayed"
+        return self._notification(request, message_id, sent_at)
+
+    def _challenge(self, body: bytes) -> tuple[Response, str]:
+        try:
+            challenge = decode_json(body).get("challenge")
+        except BadFrame as exc:
+            return Response.json(400, {"error": f"bad body: {exc}"}), "bad_request"
+        if not isinstance(challenge, str) or not challenge:
+            return Response.json(400, {"error": "no challenge in the body"}), "bad_request"
+        return Response(200, challenge.encode(), "text/plain; charset=utf-8"), "challenge"
+
+    def _revocation(self, body: bytes) -> tuple[Response, str]:
+        try:
+            obj = decode_json(body)
+        except BadFrame as exc:
+            return Response.json(400, {"error": f"bad body: {exc}"}), "bad_request"
+        raw_sub = obj.get("subscription")
+        sub: dict[str, object] = raw_sub if isinstance(raw_sub, dict) else {}
+        status = str(sub.get("status") or "unknown")[:64]
+        label = status if status in ("authorization_revoked", "user_removed", "version_removed",
+                                     "notification_failures_exceeded", "moderator_removed") else "other"
+        self._metrics.source_revocations.labels(PLATFORM, label).inc()
+        log.warning("twitch webhook: Twitch revoked the %s subscription for channel %s (%s)",
+                    str(sub.get("type") or "?")[:128], channel_of(obj) or "?", status)
+        return Response(204), "revocation"
+
+    # -- notifications -----------------------------------------------------------------
+
+    def _notification(self, request: Request, message_id: str, sent_at: datetime) -> tuple[Response, str]:
+        try:
+            body = decode_json(request.body)
+            sub_type = (request.headers.get(H_SUB_TYPE) or "").strip() or subscription_type_of(body)
+            channel = channel_of(body)
+            account_id = self._accounts.get(channel) if channel is not None else None
+            if account_id is None:
+                log.warning("twitch webhook: delivery %s is for channel %s, which no configured "
+                            "account has; acknowledged, not stored", message_id[:64], channel)
+                return Response.json(200, {"ignored": "no account for this channel"}), "unknown_account"
+            notes = map_notification(account_id, sub_type, body, message_id, sent_at)
+        except BadFrame as exc:
+            self._metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
+            log.warning("twitch webhook: refused delivery %s (%s): %s", message_id[:64], exc.reason, exc)
+            return Response.json(400, {"error": f"bad body: {exc}"}), "bad_request"
+        lost = 0
+        for note in notes:
+            if note.chat is not None:
+                self._metrics.source_frames.labels(PLATFORM, "chat").inc()
+                lost += self._chat(note.chat) == "lost"
+            elif note.event is not None:
+                self._metrics.source_frames.labels(PLATFORM, "event").inc()
+                result = self._sink.deliver_waiting(note, self._linker(account_id), self._gift_wait)
+                lost += result.outcome == "lost"
+        if lost:
+            return Response.json(503, {"error": "not stored; deliver again"}, {"Retry-After": "5"}), "lost"
+        self._mark_seen(message_id)
+        return Response(204), "stored"
+
+    def _linker(self, account_id: int) -> GiftLinker:
+        with self._lock:
+            linker = self._gifts.get(account_id)
+            if linker is None:
+                linker = self._gifts[account_id] = GiftLinker(self._gift_wait, self._metrics)
+            return linker
+
+    def _seen(self, message_id: str) -> bool:
+        with self._lock:
+            if message_id in self._recent:
+                return True
+        if self._redis is None:
+            return False
+        try:
+            return bool(self._redis.exists(rediskeys.webhook_seen(PLATFORM, message_id)))
+        except REDIS_ERRORS:
+            return False  # the database keys still make a repeat harmless
+
+    def _mark_seen(self, message_id: str) -> None:
+        with self._lock:
+            self._recent.add(message_id)
+        if self._redis is None:
+            return
+        try:
+            self._redis.set(rediskeys.webhook_seen(PLATFORM, message_id), b"1", ex=self._seen_ttl)
+        except REDIS_ERRORS as exc:
+            log.debug("twitch webhook: cannot record delivery %s in Redis: %s", message_id[:64], exc)

@@ -1,0 +1,1 @@
+"""Stand-ins for the platforms, speaking their real wire protocols on loopback."""
