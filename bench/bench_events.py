@@ -36,7 +36,6 @@ for path in (str(ROOT), str(ROOT / "tests")):
         sys.path.insert(0, path)
 
 from events_support import make_event, make_rig  # noqa: E402
-
 from harness import FaultProxy, PostgresServer, RedisServer  # noqa: E402
 from lumio_ingestd.events.deadletter import DeadLetters  # noqa: E402
 from lumio_ingestd.model import PlatformEvent  # noqa: E402

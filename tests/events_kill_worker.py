@@ -25,7 +25,6 @@ for path in (str(_TESTS.parent), str(_TESTS)):
         sys.path.insert(0, path)
 
 from events_support import event_config  # noqa: E402
-
 from lumio_ingestd.db.pool import Pool  # noqa: E402
 from lumio_ingestd.events.retry import EventRetryWorker  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from events_support import (
     Rig,
     all_parked_ids,
@@ -27,7 +28,6 @@ from events_support import (
     stored_ids,
     stored_rows,
 )
-
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.model import PlatformEvent

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+
 from events_support import (
     Rig,
     children_of,
@@ -26,7 +27,6 @@ from events_support import (
     stored_ids,
     stored_rows,
 )
-
 from harness.proxy import FaultProxy, FaultProxyFactory
 from harness.servers import PostgresServer, RedisServer, wait_until
 from lumio_ingestd import rediskeys

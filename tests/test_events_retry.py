@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+
 from events_support import (
     Rig,
     all_parked_ids,
@@ -24,7 +25,6 @@ from events_support import (
     stored_ids,
     stored_rows,
 )
-
 from harness.proxy import FaultProxy, FaultProxyFactory
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd import rediskeys
