@@ -594,7 +594,9 @@ class SpoolReplayer(IntervalWorker):
 
     def _note_outage(self, cause: BaseException | None) -> None:
         self._failed_ticks += 1
-        what = f"{type(cause).__name__}: {cause}" if cause is not None else "unknown"
+        # The class only: database messages may quote row values (a COPY error
+        # carries the offending line), and chat text is never logged above debug.
+        what = type(cause).__name__ if cause is not None else "unknown"
         level = logging.INFO if self._failed_ticks == 1 else logging.DEBUG
         log.log(level, "spool replay: targets unavailable (%s); retrying every %.1fs",
                 what, self.interval_secs)

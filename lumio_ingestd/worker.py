@@ -21,6 +21,10 @@ from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+#: How long a worker asked to stop lets a database call in progress go on
+#: before it is cut (a healthy commit takes milliseconds).
+STOP_GRACE_SECS = 0.5
+
 
 class Worker:
     """Subclasses implement `run_once()` and return the delay before the next turn."""
@@ -75,6 +79,11 @@ class Worker:
             return True
         self._thread.join(max(0.0, timeout))
         return not self._thread.is_alive()
+
+    @property
+    def ident(self) -> int | None:
+        """The thread's identifier while it runs."""
+        return self._thread.ident if self._thread is not None else None
 
     @property
     def alive(self) -> bool:

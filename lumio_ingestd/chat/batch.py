@@ -22,10 +22,10 @@ from ..db.errors import Classified, Kind, classify
 from ..db.pool import Pool
 from ..metrics import Metrics
 from ..model import EntryError
+from ..outage import Outage, describe_db_error
 from ..quarantine import quarantine_entry
 from .decode import entry_row
 from .lists import ChatLists
-from .outage import Outage, describe_db_error
 from .store import DB_ERRORS, store_rows_isolating
 
 Failpoint = Callable[[str], None]

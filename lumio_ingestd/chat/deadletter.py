@@ -42,12 +42,12 @@ from ..config import Config
 from ..db.pool import Pool
 from ..lease import Lease
 from ..metrics import Metrics
+from ..outage import Outage, describe_redis_error
 from ..redisclient import REDIS_ERRORS
-from ..worker import IntervalWorker
+from ..worker import STOP_GRACE_SECS, IntervalWorker
 from .batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
 from .flusher import default_heartbeat_ttl
 from .lists import DRAIN_SUFFIX, ChatLists, Heartbeat
-from .outage import Outage, describe_redis_error
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,11 @@ class ChatDeadLetterDrain(IntervalWorker):
         except REDIS_ERRORS as exc:
             # A claimed batch stays in our .dl in-flight list: resumed next pass.
             self._redis.failed(describe_redis_error(exc))
+
+    def wake(self) -> None:
+        # A call stuck on a dead database must not run to its own deadline
+        # once a stop is asked for: it would eat the shutdown budget.
+        self._pool.expire_calls_of(self.ident, STOP_GRACE_SECS)
 
     def final(self) -> None:
         self.lease.release()

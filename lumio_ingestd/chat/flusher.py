@@ -50,11 +50,11 @@ from .. import rediskeys
 from ..config import Config
 from ..db.pool import Pool
 from ..metrics import Metrics
+from ..outage import Outage, describe_redis_error
 from ..redisclient import REDIS_ERRORS
-from ..worker import IntervalWorker
+from ..worker import STOP_GRACE_SECS, IntervalWorker
 from .batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
 from .lists import ChatKeys, ChatLists, Heartbeat, owner_instance
-from .outage import Outage, describe_redis_error
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,11 @@ class ChatFlusher(IntervalWorker):
 
     def tick(self) -> None:
         self._pass(time.monotonic() + self.pass_budget_secs, final=False)
+
+    def wake(self) -> None:
+        # A call stuck on a dead database must not run to its own deadline
+        # once a stop is asked for: it would eat the shutdown budget.
+        self._pool.expire_calls_of(self.ident, STOP_GRACE_SECS)
 
     def final(self) -> None:
         """One last pass bounded to `final_budget_secs`; the rest stays in Redis."""

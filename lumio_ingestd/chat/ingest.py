@@ -47,12 +47,12 @@ from ..db.errors import classify
 from ..db.pool import Pool
 from ..metrics import Metrics
 from ..model import ChatMessage, EntryError
+from ..outage import Outage, describe_db_error, describe_redis_error
 from ..quarantine import quarantine_entry
 from ..redisclient import REDIS_ERRORS
 from ..spool import Spool, SpoolError
 from .batch import record_db_failure
 from .decode import decode_entry
-from .outage import Outage, describe_db_error, describe_redis_error
 from .store import DB_ERRORS, store_isolating
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ class DeadlineGuard:
         self._name = name
         self._linger = linger_secs
         self._cond = threading.Condition()
-        self._pending: dict[int, tuple[float, Any]] = {}
+        self._pending: dict[int, tuple[float, Any, int]] = {}
         self._fired: set[int] = set()
         self._next_token = 0
         self._thread: threading.Thread | None = None
@@ -51,7 +51,7 @@ class DeadlineGuard:
         with self._cond:
             token = self._next_token
             self._next_token += 1
-            self._pending[token] = (deadline, conn)
+            self._pending[token] = (deadline, conn, threading.get_ident())
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"pg-deadline-{self._name}", daemon=False
@@ -77,6 +77,23 @@ class DeadlineGuard:
                 return True
             return False
 
+    def expire_thread(self, thread_ident: int, at: float) -> int:
+        """Bring the deadlines of one thread's pending calls forward to `at`.
+
+        A worker asked to stop uses this to end a call that would otherwise
+        run to its full deadline (a black-holed server). Returns how many
+        calls it shortened.
+        """
+        with self._cond:
+            shortened = 0
+            for token, (deadline, conn, ident) in list(self._pending.items()):
+                if ident == thread_ident and deadline > at:
+                    self._pending[token] = (at, conn, ident)
+                    shortened += 1
+            if shortened:
+                self._cond.notify()
+            return shortened
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -100,13 +117,13 @@ class DeadlineGuard:
                     self._cond.wait(self._linger)
                     continue
                 idle_since = None
-                for token, (deadline, conn) in list(self._pending.items()):
+                for token, (deadline, conn, _) in list(self._pending.items()):
                     if deadline <= now:
                         del self._pending[token]
                         self._fired.add(token)
                         _cut(conn)
                 if self._pending:
-                    earliest = min(d for d, _ in self._pending.values())
+                    earliest = min(d for d, _, _ in self._pending.values())
                     self._cond.wait(max(0.0, earliest - time.monotonic()))
             self._thread = None
 

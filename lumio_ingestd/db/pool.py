@@ -168,6 +168,16 @@ class Pool:
                 cur.execute("SET LOCAL statement_timeout = 0")
                 yield cur
 
+    def expire_calls_of(self, thread_ident: int | None, within_secs: float) -> int:
+        """Cut the database calls of one thread after at most `within_secs` more.
+
+        For stopping: a worker's `wake()` uses it so a call stuck on a dead
+        server ends now instead of at its own, longer deadline.
+        """
+        if thread_ident is None:
+            return 0
+        return self._guard.expire_thread(thread_ident, time.monotonic() + within_secs)
+
     def close(self) -> None:
         """Close idle connections; connections in use are closed on return."""
         with self._lock:

@@ -47,6 +47,7 @@ from ..db.errors import Classified, Kind, classify
 from ..db.pool import Pool
 from ..metrics import Metrics
 from ..model import EntryError, PlatformEvent
+from ..outage import Outage, describe_db_error
 from ..redisclient import REDIS_ERRORS
 from ..spool import SpoolError
 from . import store
@@ -101,6 +102,7 @@ class EventIngest:
         self.metrics = metrics
         self._timeout = cfg.events.insert_timeout_secs
         self.deadletters = DeadLetters(redis_client)
+        self._db_outage = Outage("event inserts: the database", log)
 
     # -- the two entry points ------------------------------------------------
 
@@ -115,8 +117,8 @@ class EventIngest:
             log.warning("event %s (account %s, %s) rejected by the database: %s",
                         ev.id, ev.account_id, ev.type, _short(exc))
             return PersistResult("rejected", ev, _short(exc), why.sqlstate)
-        log.warning("event %s (account %s, %s) not stored inline (%s); parking it",
-                    ev.id, ev.account_id, ev.type, why.reason)
+        log.debug("event %s (account %s, %s) not stored inline (%s); parking it",
+                  ev.id, ev.account_id, ev.type, why.reason)
         return self._park(ev, _short(exc), why.sqlstate)
 
     def insert_event(self, ev: PlatformEvent) -> PersistResult:
@@ -146,12 +148,15 @@ class EventIngest:
             why = classify(exc)
             if why.kind is Kind.ENVIRONMENTAL:
                 self.metrics.db_environmental_errors.inc()
-                log.error("event insert failed for a schema or grant problem (%s): "
-                          "events wait until it is fixed", why.reason)
+            if why.retryable:
+                # One line per outage, not per event: at high event rates a
+                # line each would hit journald's rate limit.
+                self._db_outage.failed(describe_db_error(exc, why))
             return exc, why
         finally:
             if path == "inline":
                 self.metrics.events_insert_duration.observe(time.monotonic() - started)
+        self._db_outage.ok()
         if not new:
             return PersistResult("duplicate", ev)
         self.metrics.events_persisted.labels(path).inc()

@@ -67,7 +67,9 @@ from ..db.pool import Pool
 from ..lease import Lease
 from ..metrics import Metrics
 from ..model import EntryError, PlatformEvent
-from ..worker import IntervalWorker
+from ..outage import Outage, describe_redis_error
+from ..redisclient import REDIS_ERRORS
+from ..worker import STOP_GRACE_SECS, IntervalWorker
 from . import store
 from .deadletter import DEADLETTER_TTL_SECS, DeadLetters
 
@@ -147,6 +149,7 @@ class EventRetryWorker(IntervalWorker):
         self._pass_deadline = float("inf")
         self._more = False
         self.max_turn_secs = max(self.max_turn_secs, pass_budget_secs + 4 * self._insert_timeout)
+        self._redis_outage = Outage("event retry: Redis", log)
 
     # -- the loop ----------------------------------------------------------------
 
@@ -155,7 +158,19 @@ class EventRetryWorker(IntervalWorker):
         return 0.0 if self._more else self.interval_secs
 
     def tick(self) -> None:
-        self.run_pass()
+        try:
+            self.run_pass()
+        except REDIS_ERRORS as exc:
+            # Redis down is an outage to report once, not a bug to trace
+            # every turn; the parked events wait in Redis for its return.
+            self._redis_outage.failed(describe_redis_error(exc))
+            return
+        self._redis_outage.ok()
+
+    def wake(self) -> None:
+        # A call stuck on a dead database must not run to its own deadline
+        # once a stop is asked for: it would eat the shutdown budget.
+        self._pool.expire_calls_of(self.ident, STOP_GRACE_SECS)
 
     def final(self) -> None:
         self.lease.release()
