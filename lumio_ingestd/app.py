@@ -114,6 +114,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .emit import PATH as EMIT_PATH
     from .emit import emit_handler
     from .events import EventIngest, EventRetryWorker, event_spool_handler
+    from .lifecycle.backfill import StartupBackfill
+    from .lifecycle.retention import RetentionWorker
     from .redisclient import connect
     from .sources import SourceDeps, build_sources
     from .sources.jetstream import build_jetstream
@@ -164,6 +166,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         EventRetryWorker(client, pool, metrics, cfg),
         SpoolReplayer(spool, replay, metrics, SPOOL_REPLAY_INTERVAL_SECS),
         alerts,
+        RetentionWorker(pool, cfg, metrics),
+        StartupBackfill(cfg, metrics),
     ]
     parts.probe = ReadinessProbe(client, pool, metrics)
     return parts

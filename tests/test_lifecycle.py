@@ -17,7 +17,7 @@ import psycopg2
 import pytest
 import redis
 
-from harness.servers import PostgresServer
+from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.errors import PoolReentryError
 from lumio_ingestd.db.migrate import migrate
@@ -330,3 +330,30 @@ def test_backfill_pool_has_no_statement_timeout_and_refuses_a_nested_acquire(cfg
             assert time.monotonic() - started < 0.1
     finally:
         bp.close()
+
+
+def test_the_daemon_runs_the_backfill_once_and_retention_on_its_own(cfg: Config, pool: Pool) -> None:
+    from lumio_ingestd.lifecycle.backfill import StartupBackfill
+    from lumio_ingestd.lifecycle.retention import RetentionWorker
+    from lumio_ingestd.metrics import Metrics
+
+    ev = event(1, "linked", "u", datetime.now(UTC))
+    with pool.transaction() as cur:
+        seed(cur, [chat(1, "old", "u", datetime.now(UTC) - timedelta(days=31)),
+                   chat(1, "new", "u", datetime.now(UTC))], [ev])
+        cur.execute("INSERT INTO stream_sessions (account_id, platform, started_at) VALUES (1, 'twitch', %s)",
+                    (datetime.now(UTC) - timedelta(hours=1),))
+    backfill, retention = StartupBackfill(cfg, Metrics()), RetentionWorker(pool, cfg, Metrics())
+    backfill.start()
+    retention.start()
+    try:
+        assert wait_until(lambda: backfill.results is not None and retention.turns >= 1, timeout=20)
+        assert backfill.results == {"link_events_to_sessions": 1}
+        with pool.transaction() as cur:
+            assert rows(cur, "SELECT message_id FROM chat_messages") == {("new",)}
+            assert rows(cur, "SELECT stream_session_id IS NOT NULL FROM events") == {(True,)}
+    finally:
+        for w in (backfill, retention):
+            started = time.monotonic()
+            w.request_stop()
+            assert w.join(5) and time.monotonic() - started < 2  # idle waits end at once

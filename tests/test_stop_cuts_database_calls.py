@@ -86,3 +86,26 @@ def test_stopping_flusher_does_not_wait_for_a_black_holed_batch(
         proxy.pass_through()
         pool.close()
         client.close()
+
+
+def test_an_unbounded_transaction_can_still_be_cut_by_a_stop(
+        tmp_path: Path, pg_server: PostgresServer, pg_dsn: str) -> None:
+    cfg = chat_config(tmp_path, pg_server.url(dbname_of(pg_dsn)), "redis://127.0.0.1:1/0")
+    pool = Pool(cfg.timescale)
+    outcome: list[BaseException] = []
+    try:
+        def long_work() -> None:
+            try:
+                with pool.begin_unbounded() as cur:  # no deadline, no statement timeout
+                    cur.execute("SELECT pg_sleep(30)")
+            except Exception as exc:  # noqa: BLE001 - the test inspects it
+                outcome.append(exc)
+
+        th = threading.Thread(target=long_work)
+        th.start()
+        assert wait_until(lambda: pool.expire_calls_of(th.ident, 0.1) == 1, timeout=5)
+        th.join(5)
+        assert not th.is_alive()
+        assert isinstance(outcome[0], DeadlineExceeded)
+    finally:
+        pool.close()

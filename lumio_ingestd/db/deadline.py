@@ -14,6 +14,7 @@ Nothing durable lives here: a cut connection is discarded by its pool.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -42,11 +43,14 @@ class DeadlineGuard:
 
     @contextmanager
     def bound(self, conn: Any, deadline: float | None) -> Iterator[None]:
-        """Run the block with `conn`'s socket cut at `deadline` (monotonic)."""
+        """Run the block with `conn`'s socket cut at `deadline` (monotonic).
+
+        Without a deadline the call is still registered, so that a stop can
+        cut it (`expire_thread`); nothing else ever does.
+        """
         if deadline is None:
-            yield
-            return
-        if deadline <= time.monotonic():
+            deadline = math.inf
+        elif deadline <= time.monotonic():
             raise DeadlineExceeded(f"{self._name}: deadline passed before the call started")
         with self._cond:
             token = self._next_token
@@ -124,7 +128,8 @@ class DeadlineGuard:
                         _cut(conn)
                 if self._pending:
                     earliest = min(d for d, _, _ in self._pending.values())
-                    self._cond.wait(max(0.0, earliest - time.monotonic()))
+                    # Capped: an unbounded call's deadline is infinite.
+                    self._cond.wait(min(3600.0, max(0.0, earliest - time.monotonic())))
             self._thread = None
 
 

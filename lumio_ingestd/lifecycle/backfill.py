@@ -16,6 +16,8 @@ import logging
 
 from ..config import Config
 from ..db.pool import Cursor, Pool
+from ..metrics import Metrics
+from ..worker import STOP_GRACE_SECS, Worker
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,45 @@ def backfill_pool(cfg: Config) -> Pool:
     return Pool(cfg.timescale, name="backfill", size=1, statement_timeout_secs=0)
 
 
-def run_backfills(cfg: Config) -> dict[str, int]:
-    pool = backfill_pool(cfg)
+def run_backfills(cfg: Config, pool: Pool | None = None) -> dict[str, int]:
+    """Run every backfill on `pool` (a fresh backfill pool, closed afterwards, by default)."""
+    own = pool is None
+    bp = backfill_pool(cfg) if pool is None else pool
     try:
         results: dict[str, int] = {}
-        with pool.transaction() as cur:
+        with bp.transaction() as cur:
             results["link_events_to_sessions"] = link_events_to_sessions(cur)
         log.info("startup backfills done: %s", results)
         return results
     finally:
-        pool.close()
+        if own:
+            bp.close()
+
+
+class StartupBackfill(Worker):
+    """Runs the backfills once after start, off the boot path; retried with backoff
+    while the database is away; then idles until the stop."""
+
+    max_turn_secs = 6 * 3600.0
+
+    def __init__(self, cfg: Config, metrics: Metrics) -> None:
+        super().__init__("startup-backfill", metrics)
+        self._cfg = cfg
+        self._pool: Pool | None = None
+        self.results: dict[str, int] | None = None
+
+    def run_once(self) -> float:
+        if self.results is None:
+            self._pool = backfill_pool(self._cfg)
+            try:
+                self.results = run_backfills(self._cfg, self._pool)
+            finally:
+                self._pool.close()
+        return _IDLE_SECS
+
+    def wake(self) -> None:
+        if self._pool is not None:
+            self._pool.expire_calls_of(self.ident, STOP_GRACE_SECS)
+
+
+_IDLE_SECS = 86_400.0

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from ..config import Config
 from ..db.pool import Cursor, Pool
 from ..metrics import Metrics
-from ..worker import IntervalWorker
+from ..worker import STOP_GRACE_SECS, IntervalWorker
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +122,7 @@ class RetentionWorker(IntervalWorker):
         report = run_retention(self._pool, self._cfg, batch_size=self._batch_size,
                                stop=self.stop_event)
         log.info("retention run: %s", report.summary())
+
+    def wake(self) -> None:
+        # A long batch must not hold the shutdown: cut it (it rolls back whole).
+        self._pool.expire_calls_of(self.ident, STOP_GRACE_SECS)
