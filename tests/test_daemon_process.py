@@ -144,7 +144,7 @@ def test_sigterm_with_the_database_down_exits_in_time_and_loses_nothing(
         assert wait_until(lambda: _count(pg_url, "chat_messages") > 50, 15), daemon.log
         private_pg.stop("fast")
         # Chat keeps arriving with the database gone: buffered, events parked.
-        assert wait_until(lambda: "parking it" in daemon.log, 10), daemon.log
+        assert wait_until(lambda: "event inserts: the database unavailable" in daemon.log, 10), daemon.log
         sent = daemon.signal(signal.SIGTERM)
         notify.wait_for("STOPPING=1", 5, after=sent)
         assert daemon.wait(SHUTDOWN_BUDGET + EXIT_SLACK) == 0, daemon.log
@@ -169,7 +169,7 @@ def test_a_second_sigterm_cuts_the_drain_short(
         assert wait_until(lambda: _count(pg_server.url(dbname), "chat_messages") > 20, 15), daemon.log
         # A black-holed database: inserts hang until their own bounds, so the drain is slow.
         proxy.blackhole()
-        assert wait_until(lambda: "parking it" in daemon.log, 10), daemon.log
+        assert wait_until(lambda: "event inserts: the database unavailable" in daemon.log, 10), daemon.log
         first = daemon.signal(signal.SIGTERM)
         notify.wait_for("STOPPING=1", 5, after=first)
         second = daemon.signal(signal.SIGTERM)
@@ -196,7 +196,7 @@ def test_a_black_holed_database_still_exits_within_the_budget(
         notify.wait_for("READY=1", 20)
         assert wait_until(lambda: _count(direct, "chat_messages") > 20, 15), daemon.log
         proxy.blackhole()
-        assert wait_until(lambda: "parking it" in daemon.log, 10), daemon.log
+        assert wait_until(lambda: "event inserts: the database unavailable" in daemon.log, 10), daemon.log
         sent = daemon.signal(signal.SIGTERM)
         assert daemon.wait(SHUTDOWN_BUDGET + EXIT_SLACK) == 0, daemon.log
         exit_secs = time.monotonic() - sent
