@@ -3,8 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+# `make demo DURATION=20`: seconds of traffic; empty or 0 = until Ctrl-C.
+DURATION ?= 0
+DEMO_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: test lint typecheck pytest clean venv
+.PHONY: test lint typecheck pytest clean venv demo bench
 
 venv: $(STAMP)
 
@@ -13,6 +18,13 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# Only what the demo needs: the package and its `demo` extra (no test tools).
+$(DEMO_STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 test: lint typecheck pytest
 
@@ -24,6 +36,14 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# Private servers, stand-ins and the real daemon; see README.rst, "Quick start".
+demo: $(DEMO_STAMP)
+	$(BIN)/lumio-ingestd demo --duration $(or $(DURATION),0) $(DEMO_ARGS)
+
+# Every benchmark in one run: one table, and bench/results/summary.json.
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

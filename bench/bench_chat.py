@@ -92,6 +92,19 @@ def truncate(pg: PostgresServer) -> None:
         conn.close()
 
 
+def check_stored(pg: PostgresServer, expected: int) -> None:
+    """Every message sent is in chat_messages, once."""
+    conn = pg.connect("postgres")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*), count(DISTINCT message_id) FROM chat_messages")
+            count, distinct = cur.fetchone() or (0, 0)
+    finally:
+        conn.close()
+    if count != expected or distinct != expected:
+        raise RuntimeError(f"stored {count} rows ({distinct} distinct), sent {expected}")
+
+
 def raw_copy(pg: PostgresServer, msgs: list[ChatMessage]) -> float:
     payload = b"".join(encode_row(m) for m in msgs)
     truncate(pg)
@@ -143,15 +156,7 @@ def end_to_end(pg: PostgresServer, cfg: Any, pool: Pool, msgs: list[ChatMessage]
         flusher.request_stop()
         flusher.join(30)
         client.close()
-    conn = pg.connect("postgres")
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT count(*), count(DISTINCT message_id) FROM chat_messages")
-            count, distinct = cur.fetchone() or (0, 0)
-    finally:
-        conn.close()
-    if count != len(msgs) or distinct != len(msgs):
-        raise RuntimeError(f"stored {count} rows ({distinct} distinct), sent {len(msgs)}")
+    check_stored(pg, len(msgs))
     paths = {p: metrics.registry.get_sample_value("chat_messages_total", {"path": p}) or 0
              for p in ("buffered", "direct", "spooled", "lost")}
     if paths["buffered"] != len(msgs):

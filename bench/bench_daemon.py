@@ -82,13 +82,9 @@ def _one(work: Path, name: str, redis_url: str, pg_url: str, rate: float, load_s
             "complete": "shutdown complete" in log}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--rates", default="0,200,2000")
-    parser.add_argument("--load-secs", type=float, default=3.0)
-    args = parser.parse_args()
-    rates = [float(r) for r in args.rates.split(",")]
+def run(rates: tuple[float, ...] = (0.0, 200.0, 2000.0), runs: int = 3,
+        load_secs: float = 3.0) -> dict[str, Any]:
+    """`runs` daemon runs per synthetic chat rate, plus one stop with the database stopped."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-daemon-") as tmp:
         work = Path(tmp)
@@ -97,17 +93,10 @@ def main() -> int:
             pg_url = pg.url("lumio")
             migrate(load(str(_config(work, "migrate", redis_server.url, pg_url, 0)), {}).timescale)
             for rate in rates:
-                for i in range(args.runs):
-                    rows.append(_one(work, f"r{int(rate)}-{i}", redis_server.url, pg_url, rate,
-                                     args.load_secs))
-            rows.append({**_one(work, "dbdown", redis_server.url, pg_url, 200, args.load_secs,
+                for i in range(runs):
+                    rows.append(_one(work, f"r{int(rate)}-{i}", redis_server.url, pg_url, rate, load_secs))
+            rows.append({**_one(work, "dbdown", redis_server.url, pg_url, 200, load_secs,
                                 before_stop=lambda: pg.stop("fast")), "case": "database stopped"})
-    print(f"{'rate/s':>7} {'case':<18} {'ready s':>8} {'SIGTERM->exit s':>16} {'drain s':>8} "
-          f"{'chat':>7} {'events':>7} {'code':>5}")
-    for row in rows:
-        print(f"{row['rate']:>7.0f} {row.get('case', ''):<18} {row['ready_secs']:>8.3f} "
-              f"{row['sigterm_to_exit_secs']:>16.3f} {row['drain_secs'] or 0:>8.3f} {row['chat']:>7} "
-              f"{row['events']:>7} {row['exit_code']:>5}")
     summary = {}
     for rate in rates:
         mine = [r for r in rows if r["rate"] == rate and "case" not in r]
@@ -115,12 +104,29 @@ def main() -> int:
             "ready_median_secs": statistics.median(r["ready_secs"] for r in mine),
             "sigterm_to_exit_median_secs": statistics.median(r["sigterm_to_exit_secs"] for r in mine),
             "sigterm_to_exit_max_secs": max(r["sigterm_to_exit_secs"] for r in mine),
+            "drain_median_secs": statistics.median(r["drain_secs"] or 0.0 for r in mine),
         }
+    return {"machine": platform.platform(), "python": platform.python_version(),
+            "load_secs": load_secs, "runs": rows, "summary": summary}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rates", default="0,200,2000")
+    parser.add_argument("--load-secs", type=float, default=3.0)
+    args = parser.parse_args()
+    result = run(tuple(float(r) for r in args.rates.split(",")), args.runs, args.load_secs)
+    rows = result["runs"]
+    print(f"{'rate/s':>7} {'case':<18} {'ready s':>8} {'SIGTERM->exit s':>16} {'drain s':>8} "
+          f"{'chat':>7} {'events':>7} {'code':>5}")
+    for row in rows:
+        print(f"{row['rate']:>7.0f} {row.get('case', ''):<18} {row['ready_secs']:>8.3f} "
+              f"{row['sigterm_to_exit_secs']:>16.3f} {row['drain_secs'] or 0:>8.3f} {row['chat']:>7} "
+              f"{row['events']:>7} {row['exit_code']:>5}")
     out = ROOT / "bench" / "results" / "bench_daemon.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "python": platform.python_version(),
-                               "load_secs": args.load_secs, "runs": rows, "summary": summary},
-                              indent=2) + "\n")
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

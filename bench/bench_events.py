@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -70,15 +71,11 @@ def _mixed(n: int, account: int, tag: str) -> list[PlatformEvent]:
                        children=3 if i % 10 == 0 else 0) for i in range(n)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=2000, help="inline inserts to time")
-    parser.add_argument("--down", type=int, default=200, help="parks to time with the database stopped")
-    parser.add_argument("--blackhole", type=int, default=3, help="parks to time with it black-holed")
-    parser.add_argument("--replay", type=int, default=5000, help="parked events to replay")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.ERROR)  # one "parking it" warning per event otherwise
-
+def run(events: int = 2000, down: int = 200, blackhole: int = 3, replay: int = 5000) -> dict[str, Any]:
+    """Every measure; `events` inline inserts, `down` and `blackhole` parks, `replay` replayed."""
+    quiet = logging.getLogger("lumio_ingestd")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # one "parking it" warning per event otherwise
     work = Path(tempfile.mkdtemp(prefix="bench-events-"))
     pg = PostgresServer(work / "pg", settings=DURABLE_PG)
     rd = RedisServer(work / "redis")
@@ -100,17 +97,17 @@ def main() -> None:
             holed.warm()
 
             # 1. normal operation
-            events = _mixed(args.events, 1, "n")
-            times = _time_each(events, lambda ev: rig.ingest.persist_event(ev).outcome, "stored")
+            sample = _mixed(events, 1, "n")
+            times = _time_each(sample, lambda ev: rig.ingest.persist_event(ev).outcome, "stored")
             results["persist_normal"] = _stats(times)
-            with_ext = [t for ev, t in zip(events, times, strict=True) if ev.external_id]
-            without = [t for ev, t in zip(events, times, strict=True) if not ev.external_id]
+            with_ext = [t for ev, t in zip(sample, times, strict=True) if ev.external_id]
+            without = [t for ev, t in zip(sample, times, strict=True) if not ev.external_id]
             results["persist_normal_external_id"] = _stats(with_ext)
             results["persist_normal_no_external_id"] = _stats(without)
 
             # 2. time to park, database black-holed (first on a pooled connection, then fresh)
             proxy.blackhole()
-            times = _time_each(_mixed(args.blackhole, 2, "b"),
+            times = _time_each(_mixed(blackhole, 2, "b"),
                                lambda ev: holed.ingest.persist_event(ev).outcome, "parked")
             results["park_blackholed"] = _stats(times)
             proxy.pass_through()
@@ -118,19 +115,19 @@ def main() -> None:
 
             # 3. time to park, database stopped
             pg.stop()
-            times = _time_each(_mixed(args.down, 3, "d"),
+            times = _time_each(_mixed(down, 3, "d"),
                                lambda ev: rig.ingest.persist_event(ev).outcome, "parked")
             results["park_db_stopped"] = _stats(times)
             pg.start()
 
             # 4. replay throughput: a backlog across 10 accounts
             backlog = [ev for account in range(10, 20)
-                       for ev in _mixed(args.replay // 10, account, f"r{account}")]
+                       for ev in _mixed(replay // 10, account, f"r{account}")]
             dl = DeadLetters(rig.redis)
             for account in range(10, 20):
                 dl.park(account, [ev.to_entry() for ev in backlog if ev.account_id == account])
             worker = rig.worker("bench", lease_ttl_secs=60, batch_size=100, pass_budget_secs=3600)
-            already = args.blackhole + args.down  # parked above, replayed in the same pass
+            already = blackhole + down  # parked above, replayed in the same pass
             started = time.perf_counter()
             report = worker.run_pass()
             took = time.perf_counter() - started
@@ -152,6 +149,20 @@ def main() -> None:
     finally:
         pg.close()
         rd.close()
+        shutil.rmtree(work, ignore_errors=True)
+        quiet.setLevel(level)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=2000, help="inline inserts to time")
+    parser.add_argument("--down", type=int, default=200, help="parks to time with the database stopped")
+    parser.add_argument("--blackhole", type=int, default=3, help="parks to time with it black-holed")
+    parser.add_argument("--replay", type=int, default=5000, help="parked events to replay")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    results = run(args.events, args.down, args.blackhole, args.replay)
 
     print(f"{'measure':<34}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     for key in ("persist_normal", "persist_normal_external_id", "persist_normal_no_external_id",

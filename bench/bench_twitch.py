@@ -37,7 +37,7 @@ for path in (str(ROOT), str(ROOT / "tests")):
         sys.path.insert(0, path)
 
 import twitch_frames as tf  # noqa: E402
-from fakes.twitch import FakeTwitch  # noqa: E402
+from fakes.twitch import FakeSession, FakeTwitch  # noqa: E402
 from harness import PostgresServer, RedisServer  # noqa: E402
 from harness.servers import wait_until  # noqa: E402
 from http_client import serving  # noqa: E402
@@ -91,10 +91,16 @@ def handoff(rig: TwitchRig, fake: FakeTwitch, rounds: int) -> dict[str, Any]:
         ids = [f"h{r}-{i}" for i in range(50)]
         for mid in ids:
             fake.notify("channel.chat.message", tf.chat_event(mid), session=old)
-        if not fake.wait_for(lambda b=before, o=old: len(fake.sessions) > b and not o.open, 20):
+        def handed_off(b: int = before, o: FakeSession = old) -> bool:
+            return len(fake.sessions) > b and not o.open
+
+        def stored_once(i_: list[str] = ids) -> bool:
+            return all(rig.chat_ids()[i] == 1 for i in i_)
+
+        if not fake.wait_for(handed_off, 20):
             raise SystemExit("hand-off did not complete")
         times.append(time.perf_counter() - started)
-        wait_until(lambda i_=ids: all(rig.chat_ids()[i] == 1 for i in i_), 30)
+        wait_until(stored_once, 30)
         lost += sum(1 for i in ids if rig.chat_ids()[i] != 1)
     return {**_stats(times), "lost_or_doubled": lost}
 

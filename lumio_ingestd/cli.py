@@ -66,6 +66,16 @@ def _build_parser() -> argparse.ArgumentParser:
     dis = sub.add_parser("dissolve-account", help="delete all rows and Redis keys of one account")
     dis.add_argument("account", type=_positive_int, metavar="A")
     dis.add_argument("--yes", action="store_true", help="confirm: this cannot be undone")
+    demo = sub.add_parser("demo", help="run the whole pipeline against private servers and platform "
+                                       "stand-ins, with live progress (takes no -c)")
+    demo.add_argument("--duration", type=_seconds, default=0.0, metavar="N",
+                      help="seconds of traffic, then drain, summary and cleanup (default 0: until Ctrl-C)")
+    demo.add_argument("--chaos", action="store_true",
+                      help="stop PostgreSQL for 5 s mid-run: events park in Redis and replay")
+    demo.add_argument("--rate", type=_positive_float, default=300.0, metavar="R",
+                      help="chat messages per second across both channels (default 300)")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the temporary directory (configuration, daemon log, data) at the end")
     return parser
 
 
@@ -82,11 +92,35 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ if environ is None else environ)
     parser = _build_parser()
     args = parser.parse_args(argv)
     command = args.command or "run"
+    if command == "demo":
+        if args.config is not None:
+            parser.error("demo takes no -c/--config: it writes a configuration of its own")
+        from .demo import main as demo  # the demo's dependencies only when it runs
+
+        return demo(duration=args.duration, chaos=args.chaos, rate=args.rate, keep=args.keep,
+                    environ=env)
     if command == "export" and (args.platform is None) != (args.user_id is None):
         parser.error("export: --platform and --user-id go together (or use --account)")
     if command == "dissolve-account" and not args.yes:

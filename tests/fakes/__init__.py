@@ -1,1 +1,1 @@
-"""Stand-ins for the platforms, speaking their real wire protocols on loopback."""
+"""The tests' names for the platform stand-ins, which live in `lumio_ingestd.standins`."""

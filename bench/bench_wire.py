@@ -1,0 +1,235 @@
+"""Chat end to end from the wire: WebSocket frames on loopback to committed rows, beside the raw limits.
+
+    .venv/bin/python bench/bench_wire.py [--messages 50000] [--runs 3] [--naive 5000]
+
+Starts a private PostgreSQL and Redis (lumio_ingestd.devservers, as the tests
+do) and the stand-in Twitch in a process of its own (bench/standin_server.py:
+a load generator in this process would share the GIL with what is measured).
+A real `TwitchSource` subscribes to it, with the real `ChatQueue`,
+`ChatIngest` (pipelined RPUSH into Redis) and a running `ChatFlusher`
+(COPY into `chat_messages` every 0.2 s). Each run:
+
+- end to end: the stand-in sends N `channel.chat.message` notifications as
+  fast as its socket takes them; the clock runs from the command until the
+  flusher has committed the last of them (rows checked after);
+- the raw limits, on the very frames of that run: `json.loads` of each frame;
+  RPUSH of their entries in pipelined batches of 200 (what a source's queue
+  hands over at once); one `COPY chat_messages FROM STDIN` of their rows; and
+  a naive baseline, one autocommitted INSERT per message (on `--naive` of them).
+
+Prints a table and writes bench/results/bench_wire.json. Not a test: nothing
+here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for extra in (ROOT, ROOT / "tests", ROOT / "bench"):
+    if str(extra) not in sys.path:
+        sys.path.insert(0, str(extra))
+
+from bench_chat import check_stored, raw_copy, truncate  # noqa: E402
+from standin_server import StandinProcess  # noqa: E402
+
+from lumio_ingestd.chat.flusher import ChatFlusher  # noqa: E402
+from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
+from lumio_ingestd.config import Config, load  # noqa: E402
+from lumio_ingestd.db.migrate import migrate  # noqa: E402
+from lumio_ingestd.db.pool import Pool  # noqa: E402
+from lumio_ingestd.devservers import PostgresServer, RedisServer, wait_until  # noqa: E402
+from lumio_ingestd.events.persist import EventIngest  # noqa: E402
+from lumio_ingestd.metrics import Metrics  # noqa: E402
+from lumio_ingestd.model import CHAT_COLUMNS, ChatMessage  # noqa: E402
+from lumio_ingestd.redisclient import connect  # noqa: E402
+from lumio_ingestd.sources.twitch.mapping import interpret  # noqa: E402
+from lumio_ingestd.sources.twitch.oauth import TokenStore  # noqa: E402
+from lumio_ingestd.sources.twitch.sink import TwitchSink  # noqa: E402
+from lumio_ingestd.sources.twitch.source import TwitchSource  # noqa: E402
+from support import write_ini  # noqa: E402
+
+BROADCASTER = "777001"
+REDIS_BATCH = 200  # ChatQueue's max_batch: what one source hands to Redis at once
+FLUSH_INTERVAL = 0.2
+
+
+def _config(tmp: Path, pg: PostgresServer, rds: RedisServer, standin: dict[str, Any]) -> Config:
+    secret = tmp / "client_secret"
+    secret.write_text(standin["client_secret"] + "\n")
+    token = tmp / "token.json"
+    token.write_text(json.dumps({"access_token": standin["access_token"],
+                                 "refresh_token": standin["refresh_token"]}))
+    path = write_ini(tmp / "ingestd.ini", {
+        "daemon": {"state_dir": tmp / "state", "instance_id": "bench-wire"},
+        "redis": {"url": rds.url},
+        "timescale": {"dsn": pg.url("postgres")},
+        "chat": {"flush_interval_secs": FLUSH_INTERVAL},
+        "twitch": {"eventsub_ws_url": standin["ws_url"], "helix_url": standin["helix_url"],
+                   "oauth_url": standin["oauth_url"], "client_id": standin["client_id"],
+                   "client_secret_file": secret},
+        "account.1": {"twitch_user_id": BROADCASTER, "twitch_token_file": token},
+    })
+    return load(str(path), {})
+
+
+def json_parse_rate(frames: list[str]) -> float:
+    started = time.perf_counter()
+    for frame in frames:
+        json.loads(frame)
+    return len(frames) / (time.perf_counter() - started)
+
+
+def redis_pipeline_rate(rds: RedisServer, msgs: list[ChatMessage]) -> float:
+    entries = [m.to_entry() for m in msgs]
+    client = rds.client(socket_timeout=30)
+    try:
+        client.delete("bench:pipeline")
+        started = time.perf_counter()
+        for i in range(0, len(entries), REDIS_BATCH):
+            pipe = client.pipeline(transaction=False)
+            pipe.rpush("bench:pipeline", *entries[i:i + REDIS_BATCH])
+            pipe.execute()
+        rate = len(entries) / (time.perf_counter() - started)
+        client.delete("bench:pipeline")
+    finally:
+        client.close()
+    return rate
+
+
+def naive_insert_rate(pg: PostgresServer, msgs: list[ChatMessage]) -> float:
+    """The baseline a first version would write: one INSERT per message, each its own commit."""
+    truncate(pg)
+    sql = (f"INSERT INTO chat_messages ({', '.join(CHAT_COLUMNS)}) "
+           f"VALUES ({', '.join(['%s'] * len(CHAT_COLUMNS))})")
+    conn = pg.connect("postgres")  # autocommit
+    try:
+        with conn.cursor() as cur:
+            started = time.perf_counter()
+            for msg in msgs:
+                cur.execute(sql, msg.row())
+            elapsed = time.perf_counter() - started
+    finally:
+        conn.close()
+    return len(msgs) / elapsed
+
+
+def run(messages: int = 50_000, runs: int = 3, naive: int = 5_000) -> dict[str, Any]:
+    """Every measure of (a), `runs` times; medians in "median"."""
+    per_run: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-wire-") as tmpdir:
+        tmp = Path(tmpdir)
+        pg = PostgresServer(tmp / "pg")
+        rds = RedisServer(tmp / "redis")
+        standin = StandinProcess()
+        try:
+            pg.start()
+            rds.start()
+            cfg = _config(tmp, pg, rds, standin.info)
+            migrate(cfg.timescale)
+            metrics = Metrics()
+            pool = Pool(cfg.timescale)
+            client = connect(cfg.redis)
+            chat = ChatIngest(client, pool, None, metrics, cfg)
+            events = EventIngest(client, pool, None, metrics, cfg)
+            account = cfg.accounts[0]
+            assert account.twitch_token_file is not None
+            tokens = TokenStore(account.twitch_token_file, cfg.twitch.oauth_url, cfg.twitch.client_id,
+                                cfg.twitch.client_secret, metrics)
+            source = TwitchSource(account, cfg.twitch, chat_queue=ChatQueue(chat, metrics),
+                                  sink=TwitchSink(events.persist_event, metrics, alerts=None, sessions=None),
+                                  tokens=tokens, metrics=metrics)
+            flusher = ChatFlusher(client, pool, metrics, cfg)
+            flusher.start()
+            source.start()
+            try:
+                if not standin.call("wait_sessions", n=1, timeout=30)["ok"]:
+                    raise SystemExit("the source did not subscribe to the stand-in")
+
+                def flushed() -> float:
+                    return metrics.registry.get_sample_value("chat_messages_flushed_total") or 0.0
+
+                for r in range(runs):
+                    truncate(pg)
+                    frames_path = tmp / f"frames-{r}.txt"
+                    if not standin.call("prepare_chat", n=messages, broadcaster=BROADCASTER,
+                                        path=str(frames_path))["ok"]:
+                        raise SystemExit("the stand-in has no session for the broadcaster")
+                    base = flushed()
+
+                    def all_flushed(b: float = base) -> bool:
+                        return flushed() >= b + messages
+
+                    started = time.perf_counter()
+                    sent = standin.call("blast")
+                    if not wait_until(all_flushed, 600, interval=0.005):
+                        raise SystemExit("the flusher did not store every message")
+                    elapsed = time.perf_counter() - started
+                    check_stored(pg, messages)
+                    frames = frames_path.read_text().splitlines()
+                    msgs = [item.chat for f in frames for item in interpret(1, f).items
+                            if item.chat is not None]
+                    per_run.append({
+                        "end_to_end": messages / elapsed,
+                        "standin_send": sent["sent"] / sent["seconds"],
+                        "json_parse": json_parse_rate(frames),
+                        "redis_pipeline": redis_pipeline_rate(rds, msgs),
+                        "copy": raw_copy(pg, msgs),
+                        "naive_insert": naive_insert_rate(pg, msgs[:naive]),
+                    })
+                    print(f"  (a) run {r + 1}/{runs}: end to end {per_run[-1]['end_to_end']:,.0f}/s",
+                          file=sys.stderr, flush=True)
+            finally:
+                source.request_stop()
+                flusher.request_stop()
+                source.join(10)
+                flusher.join(10)
+                pool.close()
+                client.close()
+        finally:
+            standin.close()
+            rds.close()
+            pg.close()
+    median = {key: statistics.median(r[key] for r in per_run) for key in per_run[0]}
+    return {"messages_per_run": messages, "runs": runs, "naive_messages": min(naive, messages),
+            "redis_batch": REDIS_BATCH, "flush_interval_secs": FLUSH_INTERVAL, "per_run": per_run,
+            "median": median, "ratio_end_to_end_to_copy": median["end_to_end"] / median["copy"]}
+
+
+ROWS = (
+    ("end_to_end", "WebSocket frames -> committed rows (TwitchSource, Redis, flusher)"),
+    ("standin_send", "the stand-in's own send rate (its process)"),
+    ("json_parse", "json.loads of the same frames"),
+    ("redis_pipeline", f"RPUSH of their entries, pipelined batches of {REDIS_BATCH}"),
+    ("copy", "one COPY of their rows into chat_messages"),
+    ("naive_insert", "naive: one INSERT per message, autocommit"),
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--naive", type=int, default=5_000)
+    args = parser.parse_args()
+    result = run(args.messages, args.runs, args.naive)
+    print(f"{'chat, messages/s (median of ' + str(args.runs) + ')':<68}{'value':>12}")
+    for key, label in ROWS:
+        print(f"{label:<68}{result['median'][key]:>12,.0f}")
+    print(f"{'ratio end to end / COPY':<68}{result['ratio_end_to_end_to_copy']:>12.2f}")
+    out = ROOT / "bench" / "results" / "bench_wire.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

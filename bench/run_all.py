@@ -1,0 +1,176 @@
+"""Every benchmark in one run: one table on standard output, and bench/results/summary.json.
+
+    make bench          (or .venv/bin/python bench/run_all.py [--quick])
+
+Runs, in this process tree (each part starts its own private servers through
+lumio_ingestd.devservers, and the Twitch stand-in in a child process):
+
+(a) chat end to end, WebSocket frames on loopback to committed rows, beside
+    the raw limits measured on the same frames in the same run: JSON parse,
+    Redis pipeline, COPY, and a naive one-INSERT-per-message baseline
+    (bench_wire.py);
+(b) `persist_event` p50/p99, time to park with the database stopped,
+    replay throughput (bench_events.py, PostgreSQL with fsync on);
+(c) shutdown drain time under load: SIGTERM to exit of the real daemon with
+    the synthetic source running (bench_daemon.py);
+(d) memory per idle source socket, 500 TwitchSource threads with their
+    sessions open (bench_sockets.py, in a child process of its own: this
+    process's heap, grown and freed by (a)-(c), would hide part of the cost).
+
+Progress goes to standard error. `--quick` makes every part small (a smoke
+run, not figures to quote). Not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for extra in (ROOT, ROOT / "tests", ROOT / "bench"):
+    if str(extra) not in sys.path:
+        sys.path.insert(0, str(extra))
+
+import bench_daemon  # noqa: E402
+import bench_events  # noqa: E402
+import bench_wire  # noqa: E402
+
+from lumio_ingestd.devservers import find_pg_bindir, find_redis_server  # noqa: E402
+
+FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naive": 5_000},
+        "events": {"events": 2000, "down": 200, "blackhole": 3, "replay": 5000},
+        "daemon": {"rates": (0.0, 2000.0, 5000.0), "runs": 3, "load_secs": 3.0},
+        "sockets": {"sockets": 500, "wave": 50}}
+QUICK: dict[str, dict[str, Any]] = {"wire": {"messages": 5_000, "runs": 1, "naive": 500},
+         "events": {"events": 200, "down": 20, "blackhole": 1, "replay": 500},
+         "daemon": {"rates": (0.0, 2000.0), "runs": 1, "load_secs": 1.0},
+         "sockets": {"sockets": 50, "wave": 50}}
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False).stdout
+    except OSError as exc:
+        return f"unknown ({exc})"
+    return out.strip()
+
+
+def machine() -> dict[str, Any]:
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    mem = re.search(r"^MemTotal:\s*(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    pg = re.search(r"\d+(\.\d+)+", _version([str(find_pg_bindir() / "postgres"), "--version"]))
+    redis = re.search(r"v=(\S+)", _version([find_redis_server(), "--version"]))
+    return {
+        "nproc": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
+        "cpu_model": model.group(1).strip() if model else "unknown",
+        "ram_gib": round(int(mem.group(1)) / 1024 / 1024, 1) if mem else None,
+        "python": platform.python_version(), "kernel": platform.release(),
+        "postgresql": pg.group(0) if pg else "unknown", "redis": redis.group(1) if redis else "unknown",
+    }
+
+
+def idle_sockets(sockets: int, wave: int) -> dict[str, Any]:
+    """(d) in a fresh process (its own small table is not shown: this one prints the table)."""
+    subprocess.run([sys.executable, str(ROOT / "bench" / "bench_sockets.py"), "--sockets", str(sockets),
+                    "--wave", str(wave)], check=True, stdout=subprocess.DEVNULL, timeout=600)
+    result: dict[str, Any] = json.loads((ROOT / "bench" / "results" / "bench_sockets.json").read_text())
+    return result
+
+
+def _timed(label: str, fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
+    print(f"running {label} ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    result = fn()
+    took = time.monotonic() - started
+    print(f"  {label}: {took:.0f}s", file=sys.stderr, flush=True)
+    return result, took
+
+
+def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
+          d: dict[str, Any]) -> list[tuple[str, str]]:
+    med = a["median"]
+    rows = [
+        ("(a) chat: WebSocket frames -> committed rows", f"{med['end_to_end']:,.0f} msg/s"),
+        ("    raw: json.loads of the same frames", f"{med['json_parse']:,.0f} msg/s"),
+        ("    raw: Redis RPUSH, pipelined batches of 200", f"{med['redis_pipeline']:,.0f} msg/s"),
+        ("    raw: one COPY into chat_messages", f"{med['copy']:,.0f} msg/s"),
+        ("    naive: one INSERT per message, autocommit", f"{med['naive_insert']:,.0f} msg/s"),
+        ("    end to end / COPY", f"{a['ratio_end_to_end_to_copy']:.2f}"),
+    ]
+    normal, stopped, holed = b["persist_normal"], b["park_db_stopped"], b["park_blackholed"]
+    rows += [
+        ("(b) persist_event, database up (p50 / p99)",
+         f"{normal['p50_ms']:.2f} / {normal['p99_ms']:.2f} ms"),
+        ("    time to park, database stopped (p50 / p99)",
+         f"{stopped['p50_ms']:.2f} / {stopped['p99_ms']:.2f} ms"),
+        ("    time to park, database black-holed (p50)", f"{holed['p50_ms'] / 1000:.2f} s"),
+        ("    replay of parked events", f"{b['replay']['events_per_sec']:,.0f} events/s"),
+        ("    replay, all already stored", f"{b['replay_already_stored']['events_per_sec']:,.0f} events/s"),
+    ]
+    first = True
+    for rate, s in c["summary"].items():
+        label = f"SIGTERM -> exit at {int(rate):,} chat/s (median / max)"
+        rows.append((("(c) " if first else "    ") + label,
+                     f"{s['sigterm_to_exit_median_secs']:.2f} / {s['sigterm_to_exit_max_secs']:.2f} s"))
+        rows.append((f"    drain in the shutdown report at {int(rate):,} chat/s",
+                     f"{s['drain_median_secs']:.2f} s"))
+        first = False
+    down = next((r for r in c["runs"] if r.get("case") == "database stopped"), None)
+    if down is not None:
+        rows.append(("    SIGTERM -> exit at 200 chat/s, database stopped",
+                     f"{down['sigterm_to_exit_secs']:.2f} s"))
+    rows += [
+        (f"(d) RSS per idle source socket ({d['sockets']} open)", f"{d['rss_per_socket_kib']:.1f} KiB"),
+        ("    threads per source socket", f"{d['threads_per_socket']:.2f}"),
+    ]
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)  # the parts provoke warnings on purpose
+    sizes = QUICK if args.quick else FULL
+    started = time.monotonic()
+    info = machine()
+    a, ta = _timed("(a) chat end to end", lambda: bench_wire.run(**sizes["wire"]))
+    b, tb = _timed("(b) event durability", lambda: bench_events.run(**sizes["events"]))
+    c, tc = _timed("(c) shutdown drain", lambda: bench_daemon.run(**sizes["daemon"]))
+    d, td = _timed("(d) idle sockets", lambda: idle_sockets(**sizes["sockets"]))
+    rows = table(a, b, c, d)
+    total = time.monotonic() - started
+
+    print(f"lumio-ingestd benchmarks: {info['nproc']} CPUs ({info['cpu_model']}), {info['ram_gib']} GiB RAM, "
+          f"Linux {info['kernel']}, Python {info['python']}, PostgreSQL {info['postgresql']}, "
+          f"Redis {info['redis']}")
+    width = max(len(label) for label, _ in rows)
+    print(f"{'measure':<{width}}  {'result':>22}")
+    for label, value in rows:
+        print(f"{label:<{width}}  {value:>22}")
+    print(f"({total:.0f}s in all{'; --quick sizes' if args.quick else ''})")
+
+    out = ROOT / "bench" / "results" / "summary.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "machine": info, "quick": args.quick, "seconds": {"a": ta, "b": tb, "c": tc, "d": td, "total": total},
+        "table": [{"measure": label.strip(), "result": value} for label, value in rows],
+        "a_chat_end_to_end": a, "b_events": b, "c_shutdown": c, "d_idle_sockets": d,
+    }, indent=2) + "\n")
+    print(f"written to {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The demo's traffic: what a couple of live channels send, played through the stand-ins.
+
+`Traffic` is a worker thread that, every 0.1 s, sends the chat due by then
+and whatever the timeline holds for the current half second:
+
+- both channels go live (`stream.online`) on the first turn and offline
+  (`stream.offline`) in `final()`, when the demo stops it;
+- chat at `rate` messages per second across the two channels (60/40), three
+  times as much for the two seconds after a raid;
+- a ten-second cycle of events, alternating the channels: follows, a sub,
+  cheers, a resub (both as `channel.subscription.message` and as a
+  `channel.chat.notification`), a gift bomb (one community gift of five and
+  the five gifted subs), channel points, a raid;
+- on Bluesky, a post by one of the accounts' DIDs every second, a like every
+  four seconds, and posts by other DIDs (which the daemon's `wantedDids`
+  filter keeps out) in between.
+
+A notification counts as sent only when the stand-in put it on an open
+session; one refused there (no session at that moment) is counted apart and
+is not expected in the database. Nothing durable here.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ..metrics import Metrics
+from ..standins import twitch_events as te
+from ..standins.jetstream import JetstreamStandin, StandinEvent, commit, tid
+from ..standins.twitch import StandinError, TwitchStandin
+from ..worker import Worker
+from .stack import LIKE, POST, DemoAccount
+
+TICK_SECS = 0.1
+CYCLE_BEATS = 20  # half seconds: a ten-second cycle
+GIFT_BOMB_SIZE = 5
+RAID_BURST_SECS = 2.0
+RAID_BURST_FACTOR = 3.0
+
+_CHAT_LINES = (
+    "PogChamp", "KEKW that was close", "gg", "LUL", "first time here, love the stream",
+    "!uptime", "what game is next?", "Kappa", "hype hype hype", "that play was insane",
+    "hello from Berlin", "W streamer", "can we get a 1 in chat", "1", "o7", "monkaS",
+)
+
+
+@dataclass(frozen=True)
+class SentCounts:
+    chat: int = 0
+    events: int = 0
+    bluesky: int = 0  # records by the accounts' DIDs, in the configured collections
+    refused: int = 0  # notifications the stand-in had no open session for (never sent)
+    by_type: Mapping[str, int] = field(default_factory=dict)
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._chat = 0
+        self._bluesky = 0
+        self._refused = 0
+        self._events: Counter[str] = Counter()
+
+    def add(self, *, chat: int = 0, bluesky: int = 0, refused: int = 0, event: str | None = None) -> None:
+        with self._lock:
+            self._chat += chat
+            self._bluesky += bluesky
+            self._refused += refused
+            if event is not None:
+                self._events[event] += 1
+
+    def snapshot(self) -> SentCounts:
+        with self._lock:
+            return SentCounts(self._chat, sum(self._events.values()), self._bluesky, self._refused,
+                              dict(self._events))
+
+
+class Traffic(Worker):
+    max_turn_secs = 30.0
+
+    def __init__(self, twitch: TwitchStandin, jetstream: JetstreamStandin,
+                 accounts: tuple[DemoAccount, ...], rate: float, metrics: Metrics,
+                 notice: Callable[[str], None], *, seed: int | None = None) -> None:
+        super().__init__("demo-traffic", metrics)
+        self._twitch = twitch
+        self._jetstream = jetstream
+        self._accounts = accounts
+        self._rate = rate
+        self._notice = notice
+        self._rng = random.Random(seed)
+        self._counts = _Counts()
+        self._started: float | None = None
+        self._last: float = 0.0
+        self._carry = 0.0
+        self._beat = 0  # the next half second of the timeline to play
+        self._burst_until = 0.0
+        self._live = False
+        self._last_time_us = 0
+
+    @property
+    def sent(self) -> SentCounts:
+        return self._counts.snapshot()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run_once(self) -> float:
+        now = time.monotonic()
+        if self._started is None:
+            self._started = self._last = now
+            self._go_live()
+        elapsed = now - self._started
+        self._chat(now - self._last, now)
+        self._last = now
+        while self._beat <= int(elapsed * 2):
+            self._play(self._beat, now)
+            self._beat += 1
+        return TICK_SECS
+
+    def final(self) -> None:
+        if self._live:
+            for account in self._accounts:
+                self._notify(account, "stream.offline", te.offline_event(**self._channel(account)))
+            self._notice("both channels went offline (stream.offline)")
+
+    # -- chat ----------------------------------------------------------------------------------
+
+    def _chat(self, dt: float, now: float) -> None:
+        rate = self._rate * (RAID_BURST_FACTOR if now < self._burst_until else 1.0)
+        due = self._carry + rate * dt
+        n = int(due)
+        self._carry = due - n
+        for _ in range(n):
+            account = self._accounts[0 if self._rng.random() < 0.6 or len(self._accounts) == 1 else 1]
+            chatter = str(200_000 + self._rng.randrange(3000))
+            body = te.chat_event(str(uuid.uuid4()), self._rng.choice(_CHAT_LINES), chatter,
+                                 **self._channel(account))
+            if self._send(account, "channel.chat.message", body):
+                self._counts.add(chat=1)
+
+    # -- the timeline ----------------------------------------------------------------------------
+
+    def _go_live(self) -> None:
+        for account in self._accounts:
+            self._notify(account, "stream.online", te.online_event(
+                str(self._rng.randrange(10**10, 10**11)), te.now_text(), **self._channel(account)))
+        self._live = True
+        self._notice("both channels went live (stream.online); chat is flowing")
+
+    def _play(self, beat: int, now: float) -> None:
+        cycle, step = divmod(beat, CYCLE_BEATS)
+        a = self._accounts[cycle % len(self._accounts)]
+        b = self._accounts[(cycle + 1) % len(self._accounts)]
+        user = str(300_000 + self._rng.randrange(5000))
+        if step == 1:
+            self._notify(a, "channel.follow", te.follow_event(user, te.now_text(), **self._channel(a)),
+                         version="2")
+        elif step == 2:
+            self._notify(b, "channel.subscribe", te.sub_event(user, is_gift=False, **self._channel(b)))
+        elif step in (4, 14):
+            who = a if step == 4 else b
+            self._notify(who, "channel.cheer", te.cheer_event(user, self._rng.choice((100, 500, 1000)),
+                                                              **self._channel(who)))
+        elif step == 6:
+            self._notify(b, "channel.subscription.message",
+                         te.resub_message_event(user, self._rng.randrange(2, 40), **self._channel(b)))
+            self._notify(b, "channel.chat.notification",
+                         te.notification_event(str(uuid.uuid4()), **self._channel(b)))
+        elif step == 8:
+            self._gift_bomb(a, user)
+        elif step in (10, 18):
+            who = b if step == 10 else a
+            self._notify(who, "channel.channel_points_custom_reward_redemption.add", te.redemption_event(
+                str(uuid.uuid4()), user, te.now_text(), title="Hydrate!", cost=500, **self._channel(who)))
+        elif step == 12:
+            viewers = self._rng.randrange(50, 500)
+            if self._notify(a, "channel.raid", te.raid_event(str(400_000 + cycle), viewers,
+                                                             **self._channel(a))):
+                self._burst_until = now + RAID_BURST_SECS
+                self._notice(f"raid: {viewers} viewers arrive at {a.login}; chat bursts to "
+                             f"{self._rate * RAID_BURST_FACTOR:.0f} messages/s")
+        elif step == 16:
+            self._notify(b, "channel.follow", te.follow_event(user, te.now_text(), **self._channel(b)),
+                         version="2")
+        self._bluesky(beat, self._accounts[(beat // 2) % len(self._accounts)])
+
+    def _gift_bomb(self, account: DemoAccount, gifter: str) -> None:
+        if not self._notify(account, "channel.subscription.gift",
+                            te.gift_event(GIFT_BOMB_SIZE, gifter, **self._channel(account))):
+            return
+        for i in range(GIFT_BOMB_SIZE):
+            recipient = str(500_000 + self._rng.randrange(100_000) + i)
+            self._notify(account, "channel.subscribe",
+                         te.sub_event(recipient, is_gift=True, **self._channel(account)))
+        self._notice(f"gift bomb: user{gifter} gifts {GIFT_BOMB_SIZE} subs to {account.login}")
+
+    def _bluesky(self, beat: int, account: DemoAccount) -> None:
+        if beat % 2 == 0:
+            text = self._rng.choice(("live now, come hang out", "new video is up", "thanks for the raid!",
+                                     "what a stream", "schedule for this week in the thread"))
+            self._post(account.did, POST, {"$type": POST, "text": text, "langs": ["en"]})
+            self._counts.add(bluesky=1)
+        if beat % 8 == 4:
+            subject = f"at://did:plc:someoneelse/{POST}/{tid(self._time_us())}"
+            self._post(account.did, LIKE, {"$type": LIKE, "subject": {"uri": subject, "cid": "bafyreidemo"}})
+            self._counts.add(bluesky=1)
+        # Someone else posting: Jetstream filters it out by wantedDids; never stored.
+        self._post(f"did:plc:stranger{self._rng.randrange(1000):04d}", POST, {"$type": POST, "text": "hi"})
+
+    def _post(self, did: str, collection: str, record: dict[str, Any]) -> None:
+        time_us = self._time_us()
+        record = {**record, "createdAt": datetime.now(UTC).isoformat().replace("+00:00", "Z")}
+        self._jetstream.add(StandinEvent.of(commit(did, time_us, "create", collection, tid(time_us),
+                                                   record=record)))
+
+    def _time_us(self) -> int:
+        # Jetstream's time_us only grows; rkeys made from it stay unique.
+        self._last_time_us = max(self._last_time_us + 1, int(time.time() * 1_000_000))
+        return self._last_time_us
+
+    # -- sending ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _channel(account: DemoAccount) -> dict[str, str]:
+        return {"broadcaster": account.twitch_user_id, "broadcaster_login": account.login}
+
+    def _notify(self, account: DemoAccount, sub_type: str, event: Mapping[str, Any],
+                version: str = "1") -> bool:
+        if self._send(account, sub_type, event, version):
+            self._counts.add(event=sub_type)
+            return True
+        return False
+
+    def _send(self, account: DemoAccount, sub_type: str, event: Mapping[str, Any],
+              version: str = "1") -> bool:
+        try:
+            self._twitch.notify(sub_type, event, broadcaster=account.twitch_user_id, version=version)
+        except StandinError:
+            self._counts.add(refused=1)
+            return False
+        return True
