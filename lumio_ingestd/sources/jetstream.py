@@ -196,7 +196,7 @@ class JetstreamSource(Source):
             ws.settimeout(self._poll_secs)
             if self.stopping:  # a stop raced the connect: wake() saw no socket to close
                 raise SourceClosed("stopping")
-        except BaseException:
+        except Exception:  # clean up, then let it propagate
             self.close()
             raise
         self.requested_cursors.append(cursor)

@@ -155,7 +155,7 @@ class EventSubClient:
                     raise EventSubClosed(exc.code, exc.reason) from None
                 if data is not None:
                     self._dispatch(data, conn)
-        except BaseException:
+        except Exception:  # clean up, then let it propagate
             self._opening = None
             conn.close()
             raise

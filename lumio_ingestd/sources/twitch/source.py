@@ -123,7 +123,7 @@ class TwitchSource(Source):
         session_id = self.client.connect()
         try:
             self._subscribe(session_id)
-        except BaseException:
+        except Exception:  # clean up, then let it propagate
             self.client.reset()
             raise
 
