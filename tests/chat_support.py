@@ -38,9 +38,6 @@ from support import make_config
 BASE_TIME = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
-def dbname_of(pg_dsn: str) -> str:
-    return dict(kv.split("=", 1) for kv in pg_dsn.split())["dbname"]
-
 
 def chat_config(tmp_path: Path, pg_url: str, redis_url: str, *, instance: str = "test-1",
                 chat: Mapping[str, object] | None = None,

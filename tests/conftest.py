@@ -27,6 +27,7 @@ from harness import (  # noqa: E402
     install_signal_cleanup,
 )
 from harness import free_port as _free_port  # noqa: E402
+from support import dbname_of  # noqa: E402
 
 # seconds each session server took to start (reported in the terminal summary)
 _START_TIMES: dict[str, float] = {}
@@ -111,6 +112,12 @@ def pg_dsn(pg_server: PostgresServer, request: pytest.FixtureRequest) -> Iterato
     finally:
         pg_server.ensure_running()
         pg_server.drop_database(name)
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer, pg_dsn: str) -> str:
+    """The same fresh database as `pg_dsn`, as the postgresql:// URL the config takes."""
+    return pg_server.url(dbname_of(pg_dsn))
 
 
 # -- private servers (for tests that stop, kill, pause or fill them) ---------------

@@ -31,10 +31,6 @@ from lumio_ingestd.spool import Spool
 from support import make_config
 
 
-def dbname_of(pg_dsn: str) -> str:
-    return dict(kv.split("=", 1) for kv in pg_dsn.split())["dbname"]
-
-
 def event_config(tmp_path: Path, pg_url: str, redis_url: str, *,
                  timescale: Mapping[str, object] | None = None,
                  events: Mapping[str, object] | None = None,

@@ -8,6 +8,11 @@ from pathlib import Path
 from lumio_ingestd.config import Config, load
 
 
+def dbname_of(pg_dsn: str) -> str:
+    """The database name in a libpq key/value DSN (what the `pg_dsn` fixture gives)."""
+    return dict(kv.split("=", 1) for kv in pg_dsn.split())["dbname"]
+
+
 def write_ini(path: Path, sections: Mapping[str, Mapping[str, object]]) -> Path:
     lines: list[str] = []
     for section, keys in sections.items():

@@ -19,7 +19,8 @@ from lumio_ingestd.alerts import STREAM_PATH, alerts_channel, stream_handler
 from lumio_ingestd.config import Secret
 from lumio_ingestd.httpserver import Routes
 from lumio_ingestd.model import PlatformEvent
-from twitch_support import EMIT_TOKEN, TwitchRig, dbname_of, make_rig
+from support import dbname_of
+from twitch_support import EMIT_TOKEN, TwitchRig, make_rig
 
 
 @pytest.fixture

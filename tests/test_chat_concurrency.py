@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from chat_support import assert_exactly_once, counter_value, dbname_of, make_messages, make_rig
+from chat_support import assert_exactly_once, counter_value, make_messages, make_rig
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage
+from support import dbname_of
 
 
 def test_two_flushers_on_one_account(tmp_path: Path, pg_server: PostgresServer, pg_dsn: str,

@@ -19,12 +19,12 @@ from chat_support import (
     ChatRig,
     assert_exactly_once,
     counter_value,
-    dbname_of,
     make_messages,
     make_rig,
 )
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd import rediskeys
+from support import dbname_of
 
 KILL_WORKER = Path(__file__).resolve().parent / "chat_kill_worker.py"
 DEAD = "test-1"  # the instance id in the rig's config, used by the subprocess

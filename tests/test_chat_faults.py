@@ -20,7 +20,6 @@ from chat_support import (
     ChatRig,
     assert_exactly_once,
     counter_value,
-    dbname_of,
     make_messages,
     make_rig,
 )
@@ -28,6 +27,7 @@ from harness.servers import PostgresServer, RedisServer, wait_until
 from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.ingest import ChatQueue, ReplayDeferred, chat_spool_handler
 from lumio_ingestd.model import ChatMessage
+from support import dbname_of
 
 
 def _ids(msgs: list[ChatMessage]) -> list[str]:

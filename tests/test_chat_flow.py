@@ -15,7 +15,6 @@ from chat_support import (
     ChatRig,
     assert_exactly_once,
     counter_value,
-    dbname_of,
     make_messages,
     make_rig,
 )
@@ -23,6 +22,7 @@ from harness.servers import PostgresServer, wait_until
 from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.ingest import ChatQueue
 from lumio_ingestd.model import MAX_TEXT, ChatMessage
+from support import dbname_of
 
 
 @pytest.fixture

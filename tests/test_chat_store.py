@@ -12,11 +12,12 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from chat_support import BASE_TIME, ChatRig, assert_exactly_once, dbname_of, make_messages, make_rig
+from chat_support import BASE_TIME, ChatRig, assert_exactly_once, make_messages, make_rig
 from harness.servers import PostgresServer
 from lumio_ingestd.chat.store import insert_chat, store_isolating
 from lumio_ingestd.db.errors import Kind
 from lumio_ingestd.model import ChatMessage
+from support import dbname_of
 
 
 @pytest.fixture

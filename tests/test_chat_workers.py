@@ -15,7 +15,6 @@ from chat_support import (
     ChatRig,
     assert_exactly_once,
     counter_value,
-    dbname_of,
     make_messages,
     make_rig,
 )
@@ -24,7 +23,7 @@ from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.flusher import ChatFlusher
 from lumio_ingestd.chat.ingest import chat_spool_handler
 from lumio_ingestd.model import ChatMessage
-from support import make_config
+from support import dbname_of, make_config
 
 
 def _ids(msgs: list[ChatMessage]) -> list[str]:

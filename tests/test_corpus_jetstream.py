@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fakes.jetstream import FakeEvent, FakeJetstream
-from harness.servers import PostgresServer, wait_until
+from harness.servers import wait_until
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.jetstream.protocol import Account, BadFrame, Commit, Heartbeat, Identity, decode
@@ -87,10 +87,6 @@ def test_every_corpus_frame_parses_or_is_refused_as_unsupported() -> None:
     assert set(outcomes) == {"commit", "identity", "account", "heartbeat", "refused"}
 
 
-@pytest.fixture
-def pg_url(pg_server: PostgresServer, pg_dsn: str) -> str:
-    dbname = dict(kv.split("=", 1) for kv in pg_dsn.split())["dbname"]
-    return str(pg_server.url(dbname))
 
 
 @pytest.fixture

@@ -37,7 +37,8 @@ from lumio_ingestd.sources.twitch.mapping import (
     subscription_type_of,
 )
 from lumio_ingestd.sources.twitch.webhook import PATH, TwitchWebhook, signature
-from twitch_support import TwitchRig, dbname_of, make_rig
+from support import dbname_of
+from twitch_support import TwitchRig, make_rig
 
 CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus"
 WS_FILE = CORPUS / "twitch_eventsub_ws.jsonl"

@@ -28,10 +28,6 @@ def _pool(tmp_path: Path, url: str, **timescale: object) -> Pool:
     return Pool(cfg.timescale)
 
 
-@pytest.fixture
-def pg_url(pg_server: PostgresServer, pg_dsn: str) -> str:
-    dbname = dict(kv.split("=", 1) for kv in pg_dsn.split())["dbname"]
-    return str(pg_server.url(dbname))
 
 
 @pytest.fixture

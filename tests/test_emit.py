@@ -16,7 +16,8 @@ from lumio_ingestd.config import Secret
 from lumio_ingestd.emit import MAX_BODY_BYTES, PATH, emit_handler
 from lumio_ingestd.httpserver import Routes
 from lumio_ingestd.model import parse_time
-from twitch_support import EMIT_TOKEN, TwitchRig, dbname_of, make_rig
+from support import dbname_of
+from twitch_support import EMIT_TOKEN, TwitchRig, make_rig
 
 AUTH = {"Authorization": f"Bearer {EMIT_TOKEN}", "Content-Type": "application/json"}
 

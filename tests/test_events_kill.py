@@ -22,7 +22,6 @@ from events_support import (
     Rig,
     all_parked_ids,
     db_rows,
-    dbname_of,
     make_event,
     make_rig,
     stored_ids,
@@ -31,6 +30,7 @@ from events_support import (
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.model import PlatformEvent
+from support import dbname_of
 
 SCRIPT = Path(__file__).resolve().parent / "events_kill_worker.py"
 LEASE_TTL = 1.0

@@ -20,7 +20,6 @@ from events_support import (
     Rig,
     children_of,
     db_rows,
-    dbname_of,
     make_event,
     make_rig,
     parked,
@@ -33,14 +32,12 @@ from lumio_ingestd import rediskeys
 from lumio_ingestd.events.deadletter import DEADLETTER_TTL_SECS
 from lumio_ingestd.events.persist import event_spool_handler
 from lumio_ingestd.model import PlatformEvent
+from support import dbname_of
 
 TIMEOUT = 3.0  # [events] insert_timeout_secs in these tests (the seed's value)
 MARGIN = 0.5   # what the bound may be overrun by: scheduling, the park itself
 
 
-@pytest.fixture
-def pg_url(pg_server: PostgresServer, pg_dsn: str) -> str:
-    return pg_server.url(dbname_of(pg_dsn))
 
 
 @pytest.fixture

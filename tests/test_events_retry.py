@@ -14,7 +14,6 @@ from events_support import (
     Rig,
     all_parked_ids,
     db_rows,
-    dbname_of,
     ids_in,
     inflight,
     make_event,
@@ -31,11 +30,7 @@ from lumio_ingestd import rediskeys
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.retry import EventRetryWorker
 from lumio_ingestd.model import PlatformEvent
-
-
-@pytest.fixture
-def pg_url(pg_server: PostgresServer, pg_dsn: str) -> str:
-    return pg_server.url(dbname_of(pg_dsn))
+from support import dbname_of
 
 
 @pytest.fixture

@@ -12,11 +12,12 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from events_support import Rig, children_of, db_rows, dbname_of, make_event, make_rig, stored_ids
+from events_support import Rig, children_of, db_rows, make_event, make_rig, stored_ids
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.db.errors import Kind, classify
 from lumio_ingestd.events import store
 from lumio_ingestd.model import PlatformEvent
+from support import dbname_of
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from harness.servers import PostgresServer
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import (
     Migration,
@@ -37,10 +36,6 @@ def _cfg(tmp_path: Path, url: str, **timescale: object) -> Config:
     return make_config(tmp_path, pg_url=url, sections={"timescale": base})
 
 
-@pytest.fixture
-def pg_url(pg_server: PostgresServer, pg_dsn: str) -> str:
-    dbname = dict(kv.split("=", 1) for kv in pg_dsn.split())["dbname"]
-    return str(pg_server.url(dbname))
 
 
 def _tables(dsn_url: str) -> set[str]:

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from chat_support import chat_config, dbname_of, make_messages
+from chat_support import chat_config, make_messages
 from harness.proxy import FaultProxyFactory
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.chat.flusher import ChatFlusher
@@ -17,6 +17,7 @@ from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.redisclient import connect
+from support import dbname_of
 
 
 def test_expire_calls_of_cuts_only_that_threads_call(

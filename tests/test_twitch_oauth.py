@@ -15,7 +15,8 @@ from lumio_ingestd.config import Secret
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.twitch.helix import HelixClient, HelixError, Subscription
 from lumio_ingestd.sources.twitch.oauth import TokenRejected, TokenStore
-from twitch_support import dbname_of, make_rig, write_token_file
+from support import dbname_of
+from twitch_support import make_rig, write_token_file
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ import pytest
 import twitch_frames as tf
 from fakes.twitch import FakeSession, FakeTwitch
 from harness.servers import PostgresServer, wait_until
-from twitch_support import ACCOUNT, TwitchRig, dbname_of, make_rig
+from support import dbname_of
+from twitch_support import ACCOUNT, TwitchRig, make_rig
 
 EXPECTED_CONDITIONS = {
     "channel.chat.message": {"broadcaster_user_id": "12826", "user_id": "12826"},

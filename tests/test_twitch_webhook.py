@@ -16,7 +16,8 @@ from harness.servers import PostgresServer, wait_until
 from http_client import Reply, call, serving
 from lumio_ingestd.httpserver import Routes
 from lumio_ingestd.sources.twitch.webhook import MAX_BODY_BYTES, PATH, TwitchWebhook, signature
-from twitch_support import WEBHOOK_SECRET, TwitchRig, dbname_of, make_rig
+from support import dbname_of
+from twitch_support import WEBHOOK_SECRET, TwitchRig, make_rig
 
 
 @pytest.fixture

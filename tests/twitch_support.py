@@ -41,9 +41,6 @@ WEBHOOK_SECRET = "webhook-secret-0123456789"
 EMIT_TOKEN = "emit-token-abcdef"
 
 
-def dbname_of(pg_dsn: str) -> str:
-    return dict(kv.split("=", 1) for kv in pg_dsn.split())["dbname"]
-
 
 def write_token_file(path: Path, access: str, refresh: str) -> Path:
     path.write_text(json.dumps({"access_token": access, "refresh_token": refresh, "note": "kept"}))
