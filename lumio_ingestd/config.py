@@ -771,7 +771,8 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "Jetstream subscribe endpoint (ws:// or wss://)."),
     _s("jetstream", "collections", "", _Collections(),
        "Collections to receive, comma-separated NSIDs such as app.bsky.feed.post "
-       "(or prefixes such as app.bsky.graph.*). Empty = all collections."),
+       "(or prefixes such as app.bsky.graph.*). Empty = Jetstream is not used; it runs when "
+       "this is set and an account of this shard has a bluesky_did."),
     _s("jetstream", "rewind_secs", "5", _Float(inclusive=True),
        "On reconnect, resume this far before the saved cursor, in seconds "
        "(replays are idempotent)."),
