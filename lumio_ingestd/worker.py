@@ -82,8 +82,9 @@ class Worker:
 
     @property
     def ident(self) -> int | None:
-        """The thread's identifier while it runs."""
-        return self._thread.ident if self._thread is not None else None
+        """The thread's identifier while it runs (a dead thread's may be reused)."""
+        thread = self._thread
+        return thread.ident if thread is not None and thread.is_alive() else None
 
     @property
     def alive(self) -> bool:

@@ -196,3 +196,22 @@ def test_drain_pass_budget_continues_at_once(rig: ChatRig) -> None:
     drain.pass_budget_secs = 60.0
     assert drain.run_once() == drain.interval_secs
     assert_exactly_once(rig.stored(), _ids(sent))
+
+
+def test_a_drain_that_lost_the_lease_hands_back_its_stranded_inflight(rig: ChatRig) -> None:
+    """A drain pass that failed between claim and finish leaves its `.dl` list; the flusher's
+    orphan recovery skips it while this instance's heartbeat lives, so the drain itself must
+    hand it back when another replica leads."""
+    client = rig.oracle_redis()
+    sent = make_messages(15, account=9)
+    drain = rig.drain()
+    stranded = rediskeys.chat_inflight(9, drain.owner)
+    client.rpush(stranded, *[m.to_entry() for m in sent])
+    client.set(rediskeys.CHAT_DRAIN_LEADER, b"another-replica", px=60_000)
+    drain.tick()
+    assert client.llen(stranded) == 0
+    assert client.llen(rediskeys.chat_deadletter(9)) == 15
+    assert client.pttl(rediskeys.chat_deadletter(9)) > 0  # a dead-letter list keeps its TTL
+    client.delete(rediskeys.CHAT_DRAIN_LEADER)
+    rig.drain(instance="leader").tick()
+    assert_exactly_once(rig.stored(), _ids(sent))

@@ -319,3 +319,54 @@ def test_a_pass_ends_at_its_time_budget_and_the_next_turn_continues(rig: Rig) ->
         worker.request_stop()
         assert worker.join(timeout=10)
     assert sorted(stored_ids(rig.pg_url)) == sorted(str(e.id) for e in events)
+
+
+def test_a_replica_that_is_not_leader_hands_back_its_own_stranded_inflight(rig: Rig) -> None:
+    """A pass that failed midway (a Redis blip between claim and settle) leaves entries in
+    this instance's in-flight list; while its heartbeat lives the leader leaves them alone,
+    so the non-leader must hand them back itself or they sit there unseen."""
+    events = [make_event(account=4, n=i) for i in range(3)]
+    entries = _park(rig, events)
+    a, b = rig.worker(instance="replica-a"), rig.worker(instance="replica-b")
+    assert b.lease.acquire()  # B leads
+    # A's list as a failed pass leaves it; A's heartbeat is alive.
+    rig.redis.delete(rediskeys.events_deadletter(4))
+    rig.redis.rpush(rediskeys.events_inflight(4, "replica-a"), *entries)
+    rig.redis.set(rediskeys.instance_heartbeat("replica-a"), b"1", px=60_000)
+
+    report = a.run_pass()
+    assert not report.leader and report.inflight_recovered == 3
+    assert inflight(rig.redis, 4, "replica-a") == []
+    assert parked(rig.redis, 4) == entries
+    assert b.run_pass().stored == 3  # and the leader stores them, exactly once
+    assert sorted(stored_ids(rig.pg_url)) == sorted(str(e.id) for e in events)
+
+
+def test_a_table_wide_children_failure_quarantines_nothing(rig: Rig) -> None:
+    """When every write to event_children fails (a missing grant), gift events fail pass after
+    pass; the canary has the entry's shape (children included), fails the same way, and so
+    nothing is quarantined as stuck: the events wait for the fix."""
+    admin = psycopg2.connect(rig.pg_url)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute("""
+                CREATE FUNCTION no_children() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    RAISE EXCEPTION 'permission denied for table event_children'
+                        USING ERRCODE = 'insufficient_privilege';
+                END $$;
+                CREATE TRIGGER no_children BEFORE INSERT ON event_children
+                    FOR EACH ROW EXECUTE FUNCTION no_children();""")
+        gift = make_event(account=11, external_id="gift-1", children=2)
+        _park(rig, [gift])
+        worker = rig.worker(stuck_after=2)
+        for _ in range(4):
+            assert worker.run_pass().quarantined == 0
+        assert ids_in(parked(rig.redis, 11)) == [str(gift.id)]
+        with admin.cursor() as cur:
+            cur.execute("DROP TRIGGER no_children ON event_children")
+        assert worker.run_pass().stored == 1
+        assert stored_ids(rig.pg_url) == [str(gift.id)]
+    finally:
+        admin.close()

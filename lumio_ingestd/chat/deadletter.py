@@ -89,6 +89,7 @@ class ChatDeadLetterDrain(IntervalWorker):
         try:
             self._heartbeat.beat(force=True)
             if not self.lease.acquire():
+                self._hand_back_own()
                 return
             keys = self._lists.scan()
             accounts = set(keys.deadletters)
@@ -100,6 +101,24 @@ class ChatDeadLetterDrain(IntervalWorker):
         except REDIS_ERRORS as exc:
             # A claimed batch stays in our .dl in-flight list: resumed next pass.
             self._redis.failed(describe_redis_error(exc))
+
+    def _hand_back_own(self) -> None:
+        """Put this instance's own drain in-flight lists back on their dead-letter lists.
+
+        Only a pass that failed midway (a Redis blip between claim and finish)
+        leaves one; the flusher's orphan recovery skips lists whose owner's
+        heartbeat lives, so without this a replica that lost the lease would
+        strand them until it leads again.
+        """
+        for account, owner, key in self._lists.scan().inflight:
+            if owner != self.owner:
+                continue
+            moved = self._lists.move_all(key, rediskeys.chat_deadletter(account),
+                                         ttl_secs=self._cfg.chat.deadletter_ttl_hours * 3600.0,
+                                         only_if_no_ttl=True)
+            if moved:
+                log.warning("chat dead-letter drain: handed %d message(s) of account %d back to "
+                            "the dead-letter list (not the leader any more)", moved, account)
 
     def wake(self) -> None:
         # A call stuck on a dead database must not run to its own deadline

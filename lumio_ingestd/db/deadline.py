@@ -62,16 +62,19 @@ class DeadlineGuard:
                 )
                 self._thread.start()
             self._cond.notify()
+        settled = False
         try:
             yield
         except Exception as exc:
+            settled = True
             if self._settle(token):
                 raise DeadlineExceeded(
                     f"{self._name}: database call cut after its deadline ({exc.__class__.__name__})"
                 ) from exc
             raise
-        else:
-            self._settle(token)
+        finally:
+            if not settled:  # success, or a BaseException: never leave the token behind
+                self._settle(token)
 
     def _settle(self, token: int) -> bool:
         with self._cond:

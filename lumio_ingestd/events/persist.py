@@ -163,7 +163,14 @@ class EventIngest:
         return PersistResult("stored", ev)
 
     def _park(self, ev: PlatformEvent, error: str, sqlstate: str | None) -> PersistResult:
-        entry = ev.to_entry()
+        try:
+            entry = ev.to_entry()
+        except (UnicodeError, ValueError, TypeError) as exc:
+            # Only an event built around PlatformEvent.new() can get here (new()
+            # cleans every value); it could never be stored: refused, counted.
+            self.metrics.events_persist_failures.labels("rejected").inc()
+            log.error("event %s cannot be encoded for parking: %s", ev.id, type(exc).__name__)
+            return PersistResult("rejected", ev, f"cannot be encoded: {type(exc).__name__}", None)
         try:
             self.deadletters.park(ev.account_id, [entry])
         except REDIS_ERRORS as exc:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -66,7 +67,7 @@ from ..db.errors import Classified, Kind, classify
 from ..db.pool import Pool
 from ..lease import Lease
 from ..metrics import Metrics
-from ..model import EntryError, PlatformEvent
+from ..model import EntryError, EventChild, PlatformEvent
 from ..outage import Outage, describe_redis_error
 from ..redisclient import REDIS_ERRORS
 from ..worker import STOP_GRACE_SECS, IntervalWorker
@@ -182,6 +183,10 @@ class EventRetryWorker(IntervalWorker):
         self._pass_deadline = time.monotonic() + self._pass_budget
         self._heartbeat()
         if not self.lease.acquire():
+            # Our own in-flight list can only be left over from a pass (or a
+            # process with our id) that failed midway; the leader leaves it
+            # alone while our heartbeat lives, so we hand it back ourselves.
+            report.inflight_recovered = self._recover_inflight(only_own=True)
             report.depth = sum(self._scan().values())
             self.metrics.events_dead_letter_depth.set(report.depth)
             return report
@@ -215,7 +220,7 @@ class EventRetryWorker(IntervalWorker):
         self._client.set(rediskeys.instance_heartbeat(self.instance),
                          str(int(time.time())), px=self._heartbeat_ms)
 
-    def _recover_inflight(self) -> int:
+    def _recover_inflight(self, *, only_own: bool = False) -> int:
         moved_total = 0
         for raw_key in self._client.scan_iter(match=_INFLIGHT_PATTERN, count=1000):
             key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
@@ -227,7 +232,8 @@ class EventRetryWorker(IntervalWorker):
                 continue
             # Our own list is empty between passes unless an earlier pass (or
             # process with our instance id) died holding it.
-            if owner != self.instance and self._client.exists(rediskeys.instance_heartbeat(owner)):
+            if owner != self.instance and (
+                    only_own or self._client.exists(rediskeys.instance_heartbeat(owner))):
                 continue
             moved = self._dl.put_back(account, owner)
             if moved:
@@ -348,8 +354,13 @@ class EventRetryWorker(IntervalWorker):
         them one by one would only empty the dead-letter lists into the quarantine.
         Only a failure the canary does not meet is this entry's own.
         """
-        canary = PlatformEvent.new(account_id=ev.account_id, platform=ev.platform,
-                                   type="lumio.canary", payload={}, created_at=ev.created_at)
+        # Same shape as the entry (an external id takes the dedup path, children
+        # touch event_children), so a table-wide problem on either shows here too.
+        canary = PlatformEvent.new(
+            account_id=ev.account_id, platform=ev.platform, type="lumio.canary", payload={},
+            created_at=ev.created_at,
+            external_id=f"lumio-canary-{uuid.uuid4()}" if ev.external_id else None,
+            children=tuple(EventChild("lumio.canary") for _ in ev.children))
         try:
             with self._pool.connection(deadline=time.monotonic() + self._insert_timeout) as conn:
                 try:
