@@ -59,9 +59,14 @@ class Readiness:
 
 
 def _short(exc: BaseException) -> str:
-    """One line, no secrets: the exception's type and its first line (libpq adds more)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+    """What /readyz and STATUS may say: the failure's kind, never its text.
+
+    /readyz answers anyone who reaches the HTTP port, and libpq's and redis-py's
+    messages name internal hosts, addresses and ports; those go to the debug log.
+    """
+    lines = str(exc).strip().splitlines()
+    log.debug("readiness check failed: %s: %s", type(exc).__name__, lines[0][:200] if lines else "")
+    return f"unavailable ({type(exc).__name__})"
 
 
 class ReadinessProbe:

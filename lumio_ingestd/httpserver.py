@@ -173,8 +173,10 @@ class Routes:
 class _BoundedReader:
     """The connection's input, with a byte budget and a deadline for the current phase."""
 
-    def __init__(self, raw: io.BufferedIOBase) -> None:
+    def __init__(self, raw: io.BufferedReader, sock: socket.socket, io_timeout: float) -> None:
         self._raw = raw
+        self._sock = sock
+        self._io_timeout = io_timeout
         self._budget = 0
         self._deadline = 0.0
 
@@ -187,19 +189,32 @@ class _BoundedReader:
         self._budget = budget
 
     def _check_time(self) -> None:
-        if time.monotonic() > self._deadline:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
             raise TimeoutError("request not read in time")
+        # Every single recv waits at most until the deadline: a client that
+        # trickles a byte at a time cannot stretch the read past it.
+        self._sock.settimeout(left)
 
     def readline(self, size: int = -1) -> bytes:
-        self._check_time()
         if self._budget <= 0:
             raise http.client.LineTooLong("header section")
         cap = self._budget if size < 0 else min(size, self._budget)
-        line = self._raw.readline(cap)
+        line = bytearray()
+        while len(line) < cap:
+            self._check_time()
+            chunk = self._raw.peek(1)[:cap - len(line)]  # at most one recv
+            if not chunk:
+                break
+            end = chunk.find(b"\n")
+            line += self._raw.read(end + 1 if end >= 0 else len(chunk))
+            if end >= 0:
+                break
         self._budget -= len(line)
         if self._budget <= 0 and not line.endswith(b"\n"):
             raise http.client.LineTooLong("header section")
-        return line
+        self._sock.settimeout(self._io_timeout)  # writes keep the ordinary bound
+        return bytes(line)
 
     def close(self) -> None:
         self._raw.close()
@@ -215,6 +230,7 @@ class _BoundedReader:
                 break
             chunks.append(chunk)
             remaining -= len(chunk)
+        self._sock.settimeout(self._io_timeout)
         return b"".join(chunks)
 
 
@@ -230,7 +246,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         super().setup()
         # A bound on every socket operation; _BoundedReader bounds the whole read.
         self.connection.settimeout(self.server.read_timeout_secs)
-        self._reader = _BoundedReader(self.rfile)
+        self._reader = _BoundedReader(self.rfile, self.connection,  # type: ignore[arg-type]
+                                      self.server.read_timeout_secs)
         self.rfile = self._reader  # type: ignore[assignment]
 
     def handle(self) -> None:
@@ -314,7 +331,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 self._send(Response.json(411, {"error": "Content-Length required"}))
                 return None
             return b""
-        if not raw_length.strip().isdigit():
+        if not re.fullmatch(r"[0-9]{1,10}", raw_length.strip()):
             self._send(Response.json(400, {"error": "bad Content-Length"}))
             return None
         length = int(raw_length)

@@ -110,7 +110,10 @@ def parse_time(text: str) -> datetime:
         zone = "+00:00"
     elif ":" not in zone:
         zone = zone[:3] + ":" + zone[3:]
-    return utc(datetime.fromisoformat(f"{day}T{clock}.{micros}{zone}"))
+    try:
+        return utc(datetime.fromisoformat(f"{day}T{clock}.{micros}{zone}"))
+    except OverflowError:  # year 9999 with a negative offset: past datetime's range in UTC
+        raise ValueError(f"timestamp out of range: {text[:64]!r}") from None
 
 
 def format_time(ts: datetime) -> str:

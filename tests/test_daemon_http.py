@@ -184,3 +184,27 @@ def test_stop_refuses_new_connections_and_lets_requests_in_flight_finish(
     asker.join(10)
     assert results == [200]
     assert wait_until(lambda: not server.in_flight(), 5)
+
+
+def test_a_header_trickled_a_byte_at_a_time_cannot_outlast_the_deadline(server: HttpServer) -> None:
+    """Each byte arrives inside the socket timeout (0.5 s), so only a deadline applied to
+    every single recv ends the request."""
+    with socket.create_connection(server.address, timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+        got = b""
+        pause = threading.Event()
+        while time.monotonic() - started < 5:
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                break
+            sock.settimeout(0.2)
+            try:
+                got = sock.recv(65536)
+                break
+            except TimeoutError:
+                pause.wait(0.05)
+        took = time.monotonic() - started
+    assert got.startswith(b"HTTP/1.0 408") or got == b"", got[:100]
+    assert took < 2.0, took

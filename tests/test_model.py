@@ -149,3 +149,9 @@ def test_clean_json_fast_path_never_skips_a_repair() -> None:
     assert clean_json({"t": "x" * 20_000}) == {"t": "x" * 10_000}
     plain = {"badges": [{"set_id": "sub", "id": "12"}], "color": "#FF0000", "n": 1.5, "ok": True}
     assert clean_json(plain) == plain
+
+
+def test_parse_time_out_of_range_is_a_value_error() -> None:
+    # Year 9999 with a negative offset is past datetime's range once in UTC.
+    with pytest.raises(ValueError, match="out of range"):
+        parse_time("9999-12-31T23:59:59-01:00")

@@ -174,3 +174,20 @@ def test_a_gift_bomb_request_waits_for_its_gifted_subs_and_links_them(rig: Twitc
     children = rig.rows("SELECT user_id FROM event_children WHERE event_id = %s ORDER BY ordinal", (gift_id,))
     assert children == [("w0",), ("w1",)]
     assert rig.value("events_gift_bombs_total", platform="twitch") == 1
+
+
+def test_the_unsigned_type_header_cannot_change_how_a_signed_body_is_read(
+        rig: TwitchRig, port: int) -> None:
+    """The subscription type header is not covered by the HMAC: a delivery whose header
+    disagrees with its signed body is refused, and nothing is stored under either type."""
+    body = json.dumps({"subscription": tf.subscription("channel.cheer", "1", {"method": "webhook"}),
+                       "event": tf.cheer_event("1234", 50)}).encode()
+    mid, stamp = str(uuid.uuid4()), ts()
+    headers = {"Twitch-Eventsub-Message-Id": mid, "Twitch-Eventsub-Message-Type": "notification",
+               "Twitch-Eventsub-Message-Timestamp": stamp,
+               "Twitch-Eventsub-Message-Signature": signature(WEBHOOK_SECRET, mid, stamp, body),
+               "Twitch-Eventsub-Subscription-Type": "channel.raid",
+               "Twitch-Eventsub-Subscription-Version": "1", "Content-Type": "application/json"}
+    reply = call(port, "POST", PATH, body, headers)
+    assert reply.status == 400
+    assert rig.rows("SELECT type FROM events") == []

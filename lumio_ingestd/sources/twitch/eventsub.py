@@ -208,6 +208,11 @@ class EventSubClient:
                 self._dispatch(data, conn)
                 if self._pending is not None or self._current is not conn:
                     return  # a hand-off began: the next turn reads both sockets
+                if time.monotonic() >= end:
+                    # Handling can be slow (each event insert may take its full
+                    # bound while the database hangs): end the turn, so the
+                    # worker reports progress and the watchdog keeps petting.
+                    return
                 continue
             now = time.monotonic()
             if now - conn.last_frame >= self.dead_after():

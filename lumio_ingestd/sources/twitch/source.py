@@ -168,9 +168,11 @@ class TwitchSource(Source):
 
     def release(self) -> None:
         self.client.reset()
+        # Chat first: its hand-over to Redis is one fast round trip, while a held
+        # gift may spend its whole insert bound on a hanging database.
+        counts = self._queue.drain()
         for gift in self.gifts.drain():
             self._sink.persist(gift)
-        counts = self._queue.drain()
         if self._sink.sessions is not None:
             self._sink.sessions.drop_pending()
         log.info("%s: released (%s)", self.name, counts)

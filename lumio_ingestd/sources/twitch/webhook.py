@@ -168,7 +168,11 @@ class TwitchWebhook:
     def _notification(self, request: Request, message_id: str, sent_at: datetime) -> tuple[Response, str]:
         try:
             body = decode_json(request.body)
-            sub_type = (request.headers.get(H_SUB_TYPE) or "").strip() or subscription_type_of(body)
+            # The signed body decides; the header is not covered by the signature.
+            sub_type = subscription_type_of(body)
+            header_type = (request.headers.get(H_SUB_TYPE) or "").strip()
+            if header_type and header_type != sub_type:
+                raise BadFrame("shape", "Twitch-Eventsub-Subscription-Type disagrees with the body")
             channel = channel_of(body)
             account_id = self._accounts.get(channel) if channel is not None else None
             if account_id is None:
