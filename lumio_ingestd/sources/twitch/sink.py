@@ -83,5 +83,9 @@ class TwitchSink:
         if mine is not None:
             return mine
         held = gifts.wait(ev.id, wait_secs)
-        # None: another caller handed it back (drain at shutdown) and persisted it.
-        return self.persist(held if held is not None else ev)
+        if held is None:
+            # Another caller handed it back (drain at shutdown, or eviction) and
+            # persisted it, recipients included: persisting the bare event here
+            # could store it first and drop the recipients as a duplicate.
+            return PersistResult("duplicate", ev)
+        return self.persist(held)
