@@ -211,14 +211,22 @@ class AlertPublisher(Worker):
 # --------------------------------------------------------------------------- the SSE route
 
 
+#: Open alert streams at most: the HTTP server's request slots are shared, and
+#: webhooks (which Twitch revokes after repeated failures) must keep the rest.
+MAX_STREAMS = 32
+
+
 def stream_handler(publisher: AlertPublisher, token: Secret | None, metrics: Metrics, *,
-                   heartbeat_secs: float = 15.0) -> Handler:
+                   heartbeat_secs: float = 15.0, max_streams: int = MAX_STREAMS) -> Handler:
     """GET /v1/accounts/ACCOUNT/alerts/stream."""
 
     def handle(request: Request) -> Response | StreamResponse:
         refused = check_bearer(request, token, TOKEN_KEY, "the alert streams")
         if refused is not None:
             return refused
+        if publisher.client_count() >= max_streams:
+            return Response.json(503, {"error": f"too many alert streams (at most {max_streams})"},
+                                 headers={"Retry-After": "5"})
         account_id = int(request.params["account"])
         if not 0 < account_id < 2**63:
             return Response.json(404, {"error": "no such account"})

@@ -167,3 +167,21 @@ def test_a_stalled_stream_client_is_dropped_and_never_slows_ingest(rig: TwitchRi
     assert rig.rows("SELECT count(*) FROM events") == [(2 * n,)]
     print(f"\ningest of {n} events with {size // 1024} KiB payloads: {baseline:.2f}s alone, "
           f"{took[0]:.2f}s with a stalled alert-stream client (dropped)")
+
+
+def test_alert_streams_are_capped_so_webhooks_keep_their_slots(rig: TwitchRig) -> None:
+    routes = Routes()
+    routes.add("GET", STREAM_PATH, stream_handler(rig.alerts, rig.cfg.http.emit_token, rig.metrics,
+                                                  max_streams=1))
+    with serving(routes, rig.metrics) as port:
+        first = Reader(open_stream(port, 42))
+        try:
+            assert wait_until(lambda: rig.alerts.client_count() == 1, 5)
+            with open_stream(port, 42) as second:
+                reply = b""
+                while chunk := second.recv(65536):
+                    reply += chunk
+            assert reply.startswith(b"HTTP/1.0 503") and b"Retry-After: 5" in reply
+            assert rig.alerts.client_count() == 1
+        finally:
+            first.close()
