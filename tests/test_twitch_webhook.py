@@ -191,3 +191,13 @@ def test_the_unsigned_type_header_cannot_change_how_a_signed_body_is_read(
     reply = call(port, "POST", PATH, body, headers)
     assert reply.status == 400
     assert rig.rows("SELECT type FROM events") == []
+
+
+def test_a_flood_of_forged_deliveries_logs_one_warning(
+        rig: TwitchRig, port: int, caplog: pytest.LogCaptureFixture) -> None:
+    for _ in range(5):
+        forged, _ = deliver(port, "channel.cheer", tf.cheer_event(), secret="not-the-secret-at-all")
+        assert forged.status == 403
+    warnings = [r for r in caplog.records if "signature mismatch" in r.getMessage()]
+    assert len(warnings) == 1
+    assert result(rig, "forged") == 5  # the metric still counts every one

@@ -37,7 +37,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
@@ -89,6 +91,8 @@ class TwitchWebhook:
         self._metrics = metrics
         self._gift_wait = gift_wait_secs
         self._max_age = max_age_secs
+        self._forged_logged_at = -math.inf
+        self._forged_unlogged = 0
         self._seen_ttl = seen_ttl_secs
         self._clock = clock
         self._recent = RecentIds(50_000)
@@ -116,8 +120,16 @@ class TwitchWebhook:
                                                 f"{H_TYPE} header"}), "bad_request"
         expected = signature(self._secret.reveal(), message_id, timestamp, request.body)
         if not hmac.compare_digest(expected.encode(), given.lower().encode()):
-            log.warning("twitch webhook: signature mismatch on delivery %s from %s; refused",
-                        message_id[:64], request.client)
+            # Anyone can send these: one warning a minute (the metric counts them all),
+            # so a flood cannot push real lines past journald's rate limit.
+            now = time.monotonic()
+            if now - self._forged_logged_at >= 60.0:
+                log.warning("twitch webhook: signature mismatch on delivery %s from %s; refused "
+                            "(%d more since the last warning)", message_id[:64], request.client,
+                            self._forged_unlogged)
+                self._forged_logged_at, self._forged_unlogged = now, 0
+            else:
+                self._forged_unlogged += 1
             return Response.json(403, {"error": "signature mismatch"}), "forged"
         try:
             sent_at = parse_time(timestamp)
