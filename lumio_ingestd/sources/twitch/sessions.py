@@ -62,6 +62,7 @@ class StreamSessions:
         self._clock = clock
         self._pending: deque[tuple[int, StreamChange]] = deque(maxlen=max_pending)
         self._lock = threading.Lock()
+        self._writing = threading.Lock()
         self._next_retry = 0.0
 
     def pending(self) -> int:
@@ -81,9 +82,23 @@ class StreamSessions:
         self._flush()
 
     def _flush(self) -> bool:
-        with self._lock:
-            while self._pending:
-                account_id, change = self._pending[0]
+        # One writer at a time keeps the changes in order; the others only
+        # queue theirs and return, instead of waiting behind a hanging database.
+        # The writer looks again after letting go, for what was queued meanwhile.
+        while True:
+            ok = self._drain()
+            if not ok or not self.pending():
+                return ok
+
+    def _drain(self) -> bool:
+        if not self._writing.acquire(blocking=False):
+            return False
+        try:
+            while True:
+                with self._lock:
+                    if not self._pending:
+                        return True
+                    account_id, change = self._pending[0]
                 try:
                     self._write(account_id, change)
                 except Exception as exc:  # noqa: BLE001 - classified and kept for a retry
@@ -91,16 +106,19 @@ class StreamSessions:
                     self._next_retry = self._clock() + self._retry_every
                     self._metrics.stream_session_writes.labels("failed").inc()
                     if not verdict.retryable:
-                        self._pending.popleft()
+                        with self._lock:
+                            self._pending.popleft()
                         log.error("stream session %s for account %s refused by the database "
                                   "(%s); dropped", change.kind, account_id, verdict.reason)
                         continue
                     log.warning("stream session %s for account %s not written (%s); %d pending, "
-                                "retried", change.kind, account_id, verdict.reason, len(self._pending))
+                                "retried", change.kind, account_id, verdict.reason, self.pending())
                     return False
-                self._pending.popleft()
+                with self._lock:
+                    self._pending.popleft()
                 self._metrics.stream_session_writes.labels("ok").inc()
-            return True
+        finally:
+            self._writing.release()
 
     def _write(self, account_id: int, change: StreamChange) -> None:
         params = {"account": account_id, "platform": PLATFORM, "stream": change.stream_id,
