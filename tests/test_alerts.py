@@ -185,3 +185,9 @@ def test_alert_streams_are_capped_so_webhooks_keep_their_slots(rig: TwitchRig) -
             assert rig.alerts.client_count() == 1
         finally:
             first.close()
+
+
+def test_an_alert_published_after_the_publisher_finished_is_counted_dropped(rig: TwitchRig) -> None:
+    rig.alerts.final()
+    rig.alerts.publish(event(42, 7))
+    assert rig.value("events_alerts_dropped_total", reason="shutdown") == 1
