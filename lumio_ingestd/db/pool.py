@@ -132,11 +132,8 @@ class Pool:
                 deadline = time.monotonic() + self.default_bound_secs
             with self._guard.bound(conn, deadline):
                 yield conn
-        except BaseException:
-            if conn is not None:
-                self._discard_if_broken(conn)
-            raise
         finally:
+            # _give_back closes a connection that is gone or in an unknown state.
             self._local.held = False
             try:
                 if conn is not None:
@@ -235,27 +232,22 @@ class Pool:
             else:
                 self._idle.append(conn)
 
-    def _discard_if_broken(self, conn: Connection) -> None:
-        if conn.closed:
-            return
-        if conn.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN:
-            _close_quietly(conn)
-
 
 @contextmanager
 def _transaction(conn: Connection) -> Iterator[Cursor]:
     cur = conn.cursor()
+    committed = False
     try:
         yield cur
         conn.commit()
-    except BaseException:
-        if not conn.closed:
+        committed = True
+    finally:
+        # Any way out but a commit (an error, a KeyboardInterrupt) rolls back.
+        if not committed and not conn.closed:
             try:
                 conn.rollback()
             except psycopg2.Error as exc:  # the connection is gone; the pool drops it
                 log.debug("rollback failed: %s", exc)
-        raise
-    finally:
         if not cur.closed:
             cur.close()
 
