@@ -33,9 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
 from harness.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
 from lumio_ingestd.chat.flusher import ChatFlusher  # noqa: E402

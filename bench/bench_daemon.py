@@ -30,10 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for extra in (ROOT, ROOT / "tests"):
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
+from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
 from daemon_support import Daemon, NotifySocket  # noqa: E402
 from harness import PostgresServer, RedisServer  # noqa: E402

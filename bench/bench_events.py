@@ -24,24 +24,18 @@ import logging
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (str(ROOT), str(ROOT / "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+from _paths import DURABLE_PG, ROOT  # noqa: E402 - first: it sets up sys.path
 
 from events_support import make_event, make_rig  # noqa: E402
 from harness import FaultProxy, PostgresServer, RedisServer  # noqa: E402
 from lumio_ingestd.events.deadletter import DeadLetters  # noqa: E402
 from lumio_ingestd.model import PlatformEvent  # noqa: E402
-
-DURABLE_PG = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 
 
 def _stats(samples: list[float]) -> dict[str, float]:

@@ -21,16 +21,12 @@ import argparse
 import json
 import logging
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (str(ROOT), str(ROOT / "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+from _paths import DURABLE_PG, ROOT  # noqa: E402 - first: it sets up sys.path
 
 from fakes.jetstream import FakeEvent, FakeJetstream, commit  # noqa: E402
 from harness import PostgresServer  # noqa: E402
@@ -42,7 +38,6 @@ from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.sources.jetstream import JetstreamSource  # noqa: E402
 from support import make_config  # noqa: E402
 
-DURABLE_PG = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 DID = "did:plc:benchbenchbenchbenchbenc"
 POST = "app.bsky.feed.post"
 

@@ -27,11 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for extra in (ROOT, ROOT / "bench"):
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
-
+from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 from standin_server import StandinProcess, raise_fd_limit  # noqa: E402
 
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402

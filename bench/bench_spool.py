@@ -22,15 +22,12 @@ import argparse
 import json
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.spool import Spool  # noqa: E402

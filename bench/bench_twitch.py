@@ -25,16 +25,12 @@ import logging
 import platform
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (str(ROOT), str(ROOT / "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
 import twitch_frames as tf  # noqa: E402
 from fakes.twitch import FakeSession, FakeTwitch  # noqa: E402

@@ -32,11 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for extra in (ROOT, ROOT / "tests", ROOT / "bench"):
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
-
+from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, raw_copy, truncate  # noqa: E402
 from standin_server import StandinProcess  # noqa: E402
 

@@ -36,14 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-for extra in (ROOT, ROOT / "tests", ROOT / "bench"):
-    if str(extra) not in sys.path:
-        sys.path.insert(0, str(extra))
-
 import bench_daemon  # noqa: E402
 import bench_events  # noqa: E402
 import bench_wire  # noqa: E402
+from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
 from lumio_ingestd.devservers import find_pg_bindir, find_redis_server  # noqa: E402
 

@@ -32,9 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import _paths  # noqa: E402, F401 - first: it sets up sys.path
 
 from lumio_ingestd.standins import twitch_events as te  # noqa: E402
 from lumio_ingestd.standins.twitch import StandinSession, TwitchStandin  # noqa: E402

@@ -382,6 +382,73 @@ class _Server:
             raise DevServerError(f"cannot {what}: {self.kind} is not running")
         return self._proc
 
+    # -- launching (shared by the servers' start())
+    _port: int
+    _fixed_port: bool
+    log_path: Path
+    start_seconds: float | None
+
+    def _launch(self, *, cwd: Path, timeout: float, port_taken: str,
+                before_try: Callable[[], None] = lambda: None, **popen: Any) -> None:
+        """Start the process and wait until `_probe` says it serves; on a first start
+        whose port was taken meanwhile, try again on a fresh port (twice)."""
+        t0 = time.monotonic()
+        attempts = 1 if (self._started_once or self._fixed_port) else 3
+        for attempt in range(attempts):
+            before_try()
+            offset = _log_size(self.log_path)
+            with open(self.log_path, "ab") as log:
+                self._proc = subprocess.Popen(
+                    self._command(),  # again after a port change
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    cwd=cwd, start_new_session=True, **popen,
+                )
+            self._paused = False
+            try:
+                self._wait_ready(offset, timeout)
+                break
+            except DevServerError:
+                if port_taken in _log_tail(self.log_path, offset) and attempt + 1 < attempts:
+                    self._port = free_port()
+                    continue
+                raise
+        self._started_once = True
+        self.start_seconds = time.monotonic() - t0
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _probe(self, pid: int) -> Exception | None:
+        """None when this process serves; else why not (the wait goes on)."""
+        raise NotImplementedError
+
+    def _wait_ready(self, log_offset: int, timeout: float) -> None:
+        proc = self._proc
+        assert proc is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                self._proc = None
+                raise DevServerError(
+                    f"{self.kind} exited with code {rc} while starting on port {self._port}; "
+                    f"log {self.log_path}:\n{_log_tail(self.log_path, log_offset)}"
+                )
+            last = self._probe(proc.pid)
+            if last is None:
+                return
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise DevServerError(
+                    f"{self.kind} on port {self._port} did not serve within {timeout:.0f} s "
+                    f"(last error: {str(last).strip()}); log {self.log_path}:\n"
+                    f"{_log_tail(self.log_path, log_offset)}"
+                )
+            try:
+                proc.wait(timeout=_POLL)  # returns early if it dies
+            except subprocess.TimeoutExpired:
+                pass
+
     # -- lifecycle (overridden)
     def start(self) -> None:
         raise NotImplementedError
@@ -496,69 +563,22 @@ class RedisServer(_Server):
         with self._lock:
             if self.running:
                 raise DevServerError(f"redis-server already running on port {self._port}")
-            t0 = time.monotonic()
-            attempts = 1 if (self._started_once or self._fixed_port) else 3
-            for attempt in range(attempts):
-                offset = _log_size(self.log_path)
-                with open(self.log_path, "ab") as log:
-                    self._proc = subprocess.Popen(
-                        self._command(),
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=self.workdir,
-                        start_new_session=True,
-                    )
-                self._paused = False
-                try:
-                    self._wait_ready(offset)
-                    break
-                except DevServerError:
-                    port_taken = "Address already in use" in _log_tail(self.log_path, offset)
-                    if port_taken and attempt + 1 < attempts:
-                        self._port = free_port()
-                        continue
-                    raise
-            self._started_once = True
-            self.start_seconds = time.monotonic() - t0
+            self._launch(cwd=self.workdir, timeout=REDIS_START_TIMEOUT,
+                         port_taken="Address already in use")
 
-    def _wait_ready(self, log_offset: int) -> None:
-        proc = self._proc
-        assert proc is not None
-        deadline = time.monotonic() + REDIS_START_TIMEOUT
-        last: Exception | None = None
-        while True:
-            rc = proc.poll()
-            if rc is not None:
-                self._proc = None
-                raise DevServerError(
-                    f"redis-server exited with code {rc} while starting on port {self._port}; "
-                    f"log {self.log_path}:\n{_log_tail(self.log_path, log_offset)}"
-                )
-            c = self.client(socket_timeout=0.5, socket_connect_timeout=0.5)
-            try:
-                info = c.info("server")
-                if int(info.get("process_id", -1)) == proc.pid:
-                    c.ping()
-                    return
-                last = DevServerError(
-                    f"port {self._port} answered by another redis (pid {info.get('process_id')})"
-                )
-            except redis.RedisError as e:
-                last = e
-            finally:
-                c.close()
-            if time.monotonic() >= deadline:
-                self.kill()
-                raise DevServerError(
-                    f"redis-server on port {self._port} did not answer PING within "
-                    f"{REDIS_START_TIMEOUT:.0f} s (last error: {last}); log {self.log_path}:\n"
-                    f"{_log_tail(self.log_path, log_offset)}"
-                )
-            try:
-                proc.wait(timeout=_POLL)  # returns early if it dies
-            except subprocess.TimeoutExpired:
-                pass
+    def _probe(self, pid: int) -> Exception | None:
+        c = self.client(socket_timeout=0.5, socket_connect_timeout=0.5)
+        try:
+            info = c.info("server")
+            if int(info.get("process_id", -1)) == pid:
+                c.ping()
+                return None
+            return DevServerError(f"port {self._port} answered by another redis "
+                                  f"(pid {info.get('process_id')})")
+        except redis.RedisError as e:
+            return e
+        finally:
+            c.close()
 
     def stop(self, timeout: float = 10.0) -> None:
         """SHUTDOWN NOSAVE; falls back to SIGTERM, then SIGKILL."""
@@ -792,76 +812,30 @@ class PostgresServer(_Server):
         with self._lock:
             if self.running:
                 raise DevServerError(f"postgres already running on port {self._port}")
-            t0 = time.monotonic()
             self._prepare_datadir()
-            attempts = 1 if (self._started_once or self._fixed_port) else 3
-            for attempt in range(attempts):
-                # we know our postmaster is dead; a stale pid file whose pid was
-                # reused by another process would block startup
-                (self.datadir / "postmaster.pid").unlink(missing_ok=True)
-                offset = _log_size(self.log_path)
-                kwargs: dict[str, Any] = self.run_as.popen_kwargs() if self.run_as else {}
-                with open(self.log_path, "ab") as log:
-                    self._proc = subprocess.Popen(
-                        self._command(),
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=self.base_dir,
-                        env=self.run_as.env() if self.run_as else None,
-                        start_new_session=True,
-                        **kwargs,
-                    )
-                self._paused = False
-                try:
-                    self._wait_ready(offset, timeout)
-                    break
-                except DevServerError:
-                    port_taken = "already in use" in _log_tail(self.log_path, offset)
-                    if port_taken and attempt + 1 < attempts:
-                        self._port = free_port()
-                        continue
-                    raise
-            self._started_once = True
-            self.start_seconds = time.monotonic() - t0
+            # We know our postmaster is dead; a stale pid file whose pid was
+            # reused by another process would block startup.
+            pidfile = self.datadir / "postmaster.pid"
+            self._launch(cwd=self.base_dir, timeout=timeout,
+                         port_taken="already in use",
+                         before_try=lambda: pidfile.unlink(missing_ok=True),
+                         env=self.run_as.env() if self.run_as else None,
+                         **(self.run_as.popen_kwargs() if self.run_as else {}))
 
-    def _wait_ready(self, log_offset: int, timeout: float) -> None:
-        proc = self._proc
-        assert proc is not None
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while True:
-            rc = proc.poll()
-            if rc is not None:
-                self._proc = None
-                raise DevServerError(
-                    f"postgres exited with code {rc} while starting on port {self._port}; "
-                    f"log {self.log_path}:\n{_log_tail(self.log_path, log_offset)}"
-                )
+    def _probe(self, pid: int) -> Exception | None:
+        try:
+            conn = psycopg2.connect(self.dsn(), connect_timeout=2)
             try:
-                conn = psycopg2.connect(self.dsn(), connect_timeout=2)
-                try:
-                    with conn.cursor() as cur:
-                        cur.execute("SHOW data_directory")
-                        row = cur.fetchone()
-                finally:
-                    conn.close()
-                if row is not None and Path(row[0]).resolve() == self.datadir.resolve():
-                    return
-                last = DevServerError(f"port {self._port} answered by another postgres ({row})")
-            except psycopg2.OperationalError as e:
-                last = e
-            if time.monotonic() >= deadline:
-                self.kill()
-                raise DevServerError(
-                    f"postgres on port {self._port} did not accept connections within "
-                    f"{timeout:.0f} s (last error: {str(last).strip()}); log {self.log_path}:\n"
-                    f"{_log_tail(self.log_path, log_offset)}"
-                )
-            try:
-                proc.wait(timeout=_POLL)  # returns early if the postmaster dies
-            except subprocess.TimeoutExpired:
-                pass
+                with conn.cursor() as cur:
+                    cur.execute("SHOW data_directory")
+                    row = cur.fetchone()
+            finally:
+                conn.close()
+        except psycopg2.OperationalError as e:
+            return e
+        if row is not None and Path(row[0]).resolve() == self.datadir.resolve():
+            return None
+        return DevServerError(f"port {self._port} answered by another postgres ({row})")
 
     def stop(self, mode: str = "fast", timeout: float = 30.0) -> None:
         """Shut down: fast (SIGINT), immediate (SIGQUIT) or smart (SIGTERM).

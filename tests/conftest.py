@@ -126,23 +126,15 @@ def pg_url(pg_server: PostgresServer, pg_dsn: str) -> str:
 @pytest.fixture
 def private_pg(tmp_path: Path) -> Iterator[PostgresServer]:
     """A started PostgreSQL server of the test's own; killed and removed after."""
-    server = PostgresServer(tmp_path / "private_pg")
-    try:
-        server.start()
+    with PostgresServer(tmp_path / "private_pg") as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A started Redis server of the test's own; killed and removed after."""
-    server = RedisServer(tmp_path / "private_redis")
-    try:
-        server.start()
+    with RedisServer(tmp_path / "private_redis") as server:
         yield server
-    finally:
-        server.close()
 
 
 # -- network faults and state ------------------------------------------------------
