@@ -117,6 +117,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .lifecycle.backfill import StartupBackfill
     from .lifecycle.retention import RetentionWorker
     from .redisclient import connect
+    from .seen import SeenDeliveries
+    from .sessions import StreamSessions
     from .sources import SourceDeps, build_sources
     from .sources.jetstream import build_jetstream
     from .sources.twitch import build_twitch
@@ -147,7 +149,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     ))
     # Live alerts (issue 6): Redis PUBLISH on its own thread, SSE clients on the HTTP port.
     alerts = AlertPublisher(client, metrics)
-    twitch = build_twitch(cfg, metrics, pool=pool, redis_client=client,
+    sessions = StreamSessions(pool, metrics)
+    twitch = build_twitch(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "twitch"),
                           chat_queue=lambda name: ChatQueue(chat, metrics),
                           chat=chat.buffer_or_persist, persist_event=events.persist_event,
                           alerts=alerts)

@@ -495,6 +495,48 @@ class _IdList(_Kind):
         return ", ".join(str(v) for v in value)
 
 
+_TRUE: Final = ("true", "yes", "on", "1")
+_FALSE: Final = ("false", "no", "off", "0")
+
+
+@dataclass(frozen=True, slots=True)
+class _Bool(_Kind):
+    def parse(self, raw: str, ctx: _Context) -> bool:
+        if raw.lower() in _TRUE:
+            return True
+        if raw.lower() in _FALSE:
+            return False
+        raise _Invalid(f"expected true or false, {_got(raw)}")
+
+    def render(self, value: Any) -> str:
+        return "true" if value else "false"
+
+
+@dataclass(frozen=True, slots=True)
+class _Names(_Kind):
+    """Comma-separated names -> tuple (at least one, no repeats), each matching `pattern`
+    (or, with `choices`, one of them)."""
+
+    expected: str
+    pattern: re.Pattern[str] | None = None
+    choices: tuple[str, ...] = ()
+
+    def parse(self, raw: str, ctx: _Context) -> tuple[str, ...]:
+        items = tuple(item.strip().lower() if self.choices else item.strip() for item in raw.split(","))
+        for item in items:
+            ok = item in self.choices if self.choices else bool(self.pattern and self.pattern.fullmatch(item))
+            if not ok:
+                shown = f'"{item}" in "{raw}"' if item else f'an empty entry in "{raw}"'
+                raise _Invalid(f"expected comma-separated {self.expected}, got {shown}")
+        if len(set(items)) != len(items):
+            twice = next(i for i in items if items.count(i) > 1)
+            raise _Invalid(f'"{twice}" is listed twice')
+        return items
+
+    def render(self, value: Any) -> str:
+        return ",".join(value)
+
+
 def _credential_path(raw: str, ctx: _Context) -> Path:
     """An absolute path as is; a bare name inside $CREDENTIALS_DIRECTORY (systemd LoadCredential=)."""
     if raw.startswith("/"):
@@ -637,6 +679,14 @@ SECTION_HELP: Final[Mapping[str, str]] = {
     "http": "Webhooks, the emit API, live alert streams and health checks.",
     "twitch": "Twitch: EventSub over WebSocket and webhooks, Helix, OAuth.",
     "jetstream": "Bluesky Jetstream.",
+    "kick": "Kick: the Pusher chat socket, the official webhooks and their subscriptions.",
+    "streamelements": "StreamElements: tips and activities over the Astro WebSocket gateway.",
+    "seventv": "7TV: emote-set changes over the EventAPI, checked against the REST API.",
+    "streamstatus": (
+        "Stream status: the live status and viewer count of every account of this shard, "
+        "polled from the platforms' APIs (a safety net for missed online/offline events, "
+        "and per-minute statistics)."
+    ),
     "synthetic": (
         "A synthetic test source: steady made-up chat and events with ids "
         "syn-RUN-SEQ, for load tests and demos. Off unless rate_per_sec is above 0; "
@@ -776,6 +826,56 @@ SCHEMA: Final[tuple[Setting, ...]] = (
     _s("jetstream", "rewind_secs", "5", _Float(inclusive=True),
        "On reconnect, resume this far before the saved cursor, in seconds "
        "(replays are idempotent)."),
+    # [kick]
+    _s("kick", "pusher_url",
+       "wss://ws-us2.pusher.com/app/32cbd69e4b950bf97679?protocol=7&client=js&version=8.4.0&flash=false",
+       _WS, "Kick's Pusher WebSocket endpoint for chat and channel events (ws:// or wss://)."),
+    _s("kick", "api_url", "https://api.kick.com/public/v1", _HTTP,
+       "Kick public API base URL: webhook subscriptions and livestream look-ups (http:// or https://)."),
+    _s("kick", "oauth_url", "https://id.kick.com", _HTTP,
+       "Kick OAuth base URL, for the app token (client credentials; http:// or https://)."),
+    _s("kick", "client_id", "",
+       _Text(re.compile(r"[!-~]{1,200}"), "a client id without spaces", empty_ok=True),
+       "Client id of the Kick application (webhook subscriptions, livestream look-ups). "
+       "Empty = no Kick API calls; the Pusher socket and webhooks need none."),
+    _s("kick", "client_secret_file", "", _SecretFile(),
+       "File holding the Kick application's client secret: " + _CREDENTIAL_HELP,
+       fields=("client_secret",), example="kick_client_secret", commented=True),
+    _s("kick", "webhook_public_key_file", "", _ReadableFile(),
+       "PEM file with the public key Kick signs webhooks with. Unset = Kick's published key, "
+       "shipped with the package.",
+       example="/etc/lumio/kick_webhook_public_key.pem", commented=True),
+    _s("kick", "webhook_max_age_secs", "600", _SECONDS,
+       "Webhook deliveries older than this, or dated this far in the future, are refused, in seconds."),
+    _s("kick", "manage_webhooks", "false", _Bool(),
+       "true: create and keep the accounts' webhook subscriptions through the API (needs "
+       "client_id and client_secret_file); false: leave them to the Kick app settings."),
+    # [streamelements]
+    _s("streamelements", "astro_url", "wss://astro.streamelements.com", _WS,
+       "StreamElements Astro WebSocket gateway (ws:// or wss://)."),
+    _s("streamelements", "topics", "channel.tips,channel.activities",
+       _Names("topics like channel.tips", re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_-]+)+")),
+       "Topics every account subscribes to, comma-separated."),
+    _s("streamelements", "keep_donor_pii", "false", _Bool(),
+       "true: keep donors' email, geo and IP address in stored tips and activities; false "
+       "(the default): removed before they reach Redis, the spool or the database."),
+    # [seventv]
+    _s("seventv", "enabled", "false", _Bool(),
+       "true: follow the 7TV emote sets of this shard's accounts (configured with "
+       "seventv_user_id / seventv_emote_set_id, or found from twitch_user_id)."),
+    _s("seventv", "eventapi_url", "wss://events.7tv.io/v3", _WS,
+       "7TV EventAPI WebSocket endpoint (ws:// or wss://)."),
+    _s("seventv", "api_url", "https://7tv.io/v3", _HTTP,
+       "7TV REST API base URL (http:// or https://)."),
+    # [streamstatus]
+    _s("streamstatus", "interval_secs", "60", _SECONDS,
+       "How often the live status of every account is polled, in seconds."),
+    _s("streamstatus", "platforms", "twitch,kick",
+       _Names("platforms from twitch, kick", choices=("twitch", "kick")),
+       "Platforms polled, comma-separated (twitch, kick). A platform is polled only when its "
+       "client_id and client_secret_file are set."),
+    _s("streamstatus", "request_timeout_secs", "5", _SECONDS,
+       "Longest time one status request to a platform API may take, in seconds."),
     # [synthetic]
     _s("synthetic", "rate_per_sec", "0", _Float(inclusive=True, unit="messages per second"),
        "Chat messages per second the synthetic source makes; 0 = the source is off."),
@@ -802,6 +902,36 @@ SCHEMA: Final[tuple[Setting, ...]] = (
              optional=True),
        "The account's Bluesky DID (did:plc:... or did:web:...).",
        example="did:plc:abcdefghijklmnopqrstuvwx"),
+    _s(ACCOUNT_SECTION, "kick_broadcaster_user_id", "",
+       _Text(re.compile(r"[0-9]{1,20}"), "a numeric Kick user id", optional=True),
+       "The account's Kick user id (broadcaster.user_id in Kick's webhooks).",
+       example="4377088"),
+    _s(ACCOUNT_SECTION, "kick_chatroom_id", "",
+       _Text(re.compile(r"[0-9]{1,20}"), "a numeric Kick chatroom id", optional=True),
+       "The account's Kick chatroom id: the Pusher channel chatrooms.ID.v2 (chat, subs, gifts).",
+       example="4309481"),
+    _s(ACCOUNT_SECTION, "kick_channel_id", "",
+       _Text(re.compile(r"[0-9]{1,20}"), "a numeric Kick channel id", optional=True),
+       "The account's Kick channel id: the Pusher channel channel.ID (live status, hosts); optional.",
+       example="4378473"),
+    _s(ACCOUNT_SECTION, "streamelements_channel_id", "",
+       _Text(re.compile(r"[A-Za-z0-9_-]{1,64}"), "a StreamElements channel id", optional=True),
+       "The account's StreamElements channel id (the Astro room).",
+       example="5b2e2007760aeb7729487dab"),
+    _s(ACCOUNT_SECTION, "streamelements_token_file", "", _ReadableFile(),
+       'File with the account\'s StreamElements token: JSON {"token": ..., "token_type": '
+       '"jwt", "oauth2" or "apikey"}, or the bare JWT. An absolute path, or a bare name '
+       "looked up in $CREDENTIALS_DIRECTORY.",
+       example="/var/lib/lumio-ingestd/streamelements-token-1.json", commented=True),
+    _s(ACCOUNT_SECTION, "seventv_user_id", "",
+       _Text(re.compile(r"[A-Za-z0-9]{1,64}"), "a 7TV user id", optional=True),
+       "The account's 7TV user id. Empty = found from twitch_user_id through the 7TV API.",
+       example="01F74BZYAR00069YQS4JB48G14"),
+    _s(ACCOUNT_SECTION, "seventv_emote_set_id", "",
+       _Text(re.compile(r"[A-Za-z0-9]{1,64}"), "a 7TV emote set id", optional=True),
+       "The 7TV emote set to follow. Empty = the user's active emote set, from the 7TV API "
+       "(and followed when the user switches it).",
+       example="01FE3WJ4PR0009RT43H1DH4XQX"),
 )
 
 _BY_SECTION: Final[dict[str, dict[str, Setting]]] = {}
@@ -921,6 +1051,39 @@ class JetstreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class KickConfig:
+    pusher_url: str = _default("kick", "pusher_url")
+    api_url: str = _default("kick", "api_url")
+    oauth_url: str = _default("kick", "oauth_url")
+    client_id: str = _default("kick", "client_id")
+    client_secret: Secret | None = None
+    webhook_public_key_file: Path | None = None
+    webhook_max_age_secs: float = _default("kick", "webhook_max_age_secs")
+    manage_webhooks: bool = _default("kick", "manage_webhooks")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamElementsConfig:
+    astro_url: str = _default("streamelements", "astro_url")
+    topics: tuple[str, ...] = _default("streamelements", "topics")
+    keep_donor_pii: bool = _default("streamelements", "keep_donor_pii")
+
+
+@dataclass(frozen=True, slots=True)
+class SevenTvConfig:
+    enabled: bool = _default("seventv", "enabled")
+    eventapi_url: str = _default("seventv", "eventapi_url")
+    api_url: str = _default("seventv", "api_url")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStatusConfig:
+    interval_secs: float = _default("streamstatus", "interval_secs")
+    platforms: tuple[str, ...] = _default("streamstatus", "platforms")
+    request_timeout_secs: float = _default("streamstatus", "request_timeout_secs")
+
+
+@dataclass(frozen=True, slots=True)
 class SyntheticConfig:
     rate_per_sec: float = _default("synthetic", "rate_per_sec")
     accounts: tuple[int, ...] = _default("synthetic", "accounts")
@@ -934,6 +1097,13 @@ class AccountConfig:
     twitch_user_id: str | None = None
     twitch_token_file: Path | None = None
     bluesky_did: str | None = None
+    kick_broadcaster_user_id: str | None = None
+    kick_chatroom_id: str | None = None
+    kick_channel_id: str | None = None
+    streamelements_channel_id: str | None = None
+    streamelements_token_file: Path | None = None
+    seventv_user_id: str | None = None
+    seventv_emote_set_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -948,6 +1118,10 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     twitch: TwitchConfig = field(default_factory=TwitchConfig)
     jetstream: JetstreamConfig = field(default_factory=JetstreamConfig)
+    kick: KickConfig = field(default_factory=KickConfig)
+    streamelements: StreamElementsConfig = field(default_factory=StreamElementsConfig)
+    seventv: SevenTvConfig = field(default_factory=SevenTvConfig)
+    streamstatus: StreamStatusConfig = field(default_factory=StreamStatusConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     accounts: tuple[AccountConfig, ...] = ()
 
@@ -963,6 +1137,10 @@ _SECTION_CLASSES: Final[Mapping[str, type[Any]]] = {
     "http": HttpConfig,
     "twitch": TwitchConfig,
     "jetstream": JetstreamConfig,
+    "kick": KickConfig,
+    "streamelements": StreamElementsConfig,
+    "seventv": SevenTvConfig,
+    "streamstatus": StreamStatusConfig,
     "synthetic": SyntheticConfig,
     ACCOUNT_SECTION: AccountConfig,
 }
@@ -1150,11 +1328,12 @@ def _check_across(
     owners: dict[tuple[str, str], int] = {}
     for account in accounts:
         section = f"account.{account.account_id}"
-        if account.twitch_token_file is not None and account.twitch_user_id is None:
-            problems.append(
-                ConfigProblem(path, section, "twitch_token_file", "is set but twitch_user_id is not")
-            )
-        for key in ("twitch_user_id", "bluesky_did"):
+        for needs, key in (("twitch_token_file", "twitch_user_id"),
+                           ("streamelements_token_file", "streamelements_channel_id")):
+            if getattr(account, needs) is not None and getattr(account, key) is None:
+                problems.append(ConfigProblem(path, section, needs, f"is set but {key} is not"))
+        for key in ("twitch_user_id", "bluesky_did", "kick_broadcaster_user_id", "kick_chatroom_id",
+                    "kick_channel_id", "streamelements_channel_id", "seventv_emote_set_id"):
             value = getattr(account, key)
             if value is None:
                 continue

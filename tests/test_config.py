@@ -33,9 +33,13 @@ from lumio_ingestd.config import (
     EventsConfig,
     HttpConfig,
     JetstreamConfig,
+    KickConfig,
     MetricsConfig,
     RedisConfig,
     Secret,
+    SevenTvConfig,
+    StreamElementsConfig,
+    StreamStatusConfig,
     SyntheticConfig,
     TimescaleConfig,
     TwitchConfig,
@@ -47,7 +51,7 @@ from lumio_ingestd.config import (
 
 EXAMPLE = Path(__file__).parent.parent / "etc/lumio/ingestd.ini"
 FIXED_SECTIONS = ("daemon", "redis", "timescale", "chat", "events", "metrics", "http", "twitch", "jetstream",
-                  "synthetic")
+                  "kick", "streamelements", "seventv", "streamstatus", "synthetic")
 SENTINEL = "Sentinel-Secret-4711"
 
 
@@ -144,7 +148,11 @@ def test_the_example_file_loads_and_equals_the_defaults(tmp_path: Path) -> None:
     assert dataclasses.replace(cfg, path="x", accounts=()) == dataclasses.replace(defaults, path="x")
     assert cfg.accounts == (
         AccountConfig(account_id=1, twitch_user_id="123456", twitch_token_file=None,
-                      bluesky_did="did:plc:abcdefghijklmnopqrstuvwx"),
+                      bluesky_did="did:plc:abcdefghijklmnopqrstuvwx",
+                      kick_broadcaster_user_id="4377088", kick_chatroom_id="4309481",
+                      kick_channel_id="4378473", streamelements_channel_id="5b2e2007760aeb7729487dab",
+                      seventv_user_id="01F74BZYAR00069YQS4JB48G14",
+                      seventv_emote_set_id="01FE3WJ4PR0009RT43H1DH4XQX"),
     )
 
 
@@ -174,7 +182,9 @@ def test_schema_covers_every_dataclass_field_exactly_once() -> None:
     classes = {
         "daemon": DaemonConfig, "redis": RedisConfig, "timescale": TimescaleConfig, "chat": ChatConfig,
         "events": EventsConfig, "metrics": MetricsConfig, "http": HttpConfig, "twitch": TwitchConfig,
-        "jetstream": JetstreamConfig, "synthetic": SyntheticConfig, ACCOUNT_SECTION: AccountConfig,
+        "jetstream": JetstreamConfig, "kick": KickConfig, "streamelements": StreamElementsConfig,
+        "seventv": SevenTvConfig, "streamstatus": StreamStatusConfig, "synthetic": SyntheticConfig,
+        ACCOUNT_SECTION: AccountConfig,
     }
     for section, cls in classes.items():
         covered = [name for s in SCHEMA if s.section == section for name in s.fields]
@@ -183,7 +193,9 @@ def test_schema_covers_every_dataclass_field_exactly_once() -> None:
     assert {s.section for s in SCHEMA} == set(classes)
     for setting in SCHEMA:
         assert setting.help and setting.help.endswith("."), setting.key
-        is_secret_file = setting.key.endswith("_file") and setting.key != "twitch_token_file"
+        # Files the daemon reads itself later (token files it rewrites, a public key).
+        read_later = ("twitch_token_file", "streamelements_token_file", "webhook_public_key_file")
+        is_secret_file = setting.key.endswith("_file") and setting.key not in read_later
         assert setting.secret == is_secret_file, setting.key
 
 

@@ -30,6 +30,7 @@ from lumio_ingestd.events.store import DEDUP_WINDOW
 from lumio_ingestd.httpserver import Routes
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import parse_time
+from lumio_ingestd.seen import SeenDeliveries
 from lumio_ingestd.sources.twitch.mapping import (
     CHAT_TYPE,
     interpret,
@@ -147,7 +148,8 @@ def test_the_real_signed_requests_verify_and_are_answered(
 
             # The requests are years old: this receiver's clock is set to when they were sent.
             hook = TwitchWebhook(Secret(secret), {"44429626": 42, "88525095": 42}, rig.sink,
-                                 rig.chat.buffer_or_persist, rig.redis, rig.metrics, clock=clock)
+                                 rig.chat.buffer_or_persist, SeenDeliveries(rig.redis, "twitch"),
+                                 rig.metrics, clock=clock)
             routes = Routes()
             routes.add("POST", PATH, hook.handle)
             with serving(routes) as port:
@@ -162,7 +164,8 @@ def test_the_real_signed_requests_verify_and_are_answered(
                 assert rig.event_ids() == {headers["Twitch-Eventsub-Message-Id"]: 1}
         # Signed for their own secrets only.
         other = TwitchWebhook(Secret("a-different-secret"), {}, rig.sink, rig.chat.buffer_or_persist,
-                              None, Metrics(), clock=lambda: parse_time("2021-02-19T23:47:01Z"))
+                              SeenDeliveries(None, "twitch"), Metrics(),
+                              clock=lambda: parse_time("2021-02-19T23:47:01Z"))
         line = signed[0]
         routes = Routes()
         routes.add("POST", PATH, other.handle)

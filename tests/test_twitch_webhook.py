@@ -15,6 +15,7 @@ import twitch_frames as tf
 from harness.servers import PostgresServer, wait_until
 from http_client import Reply, call, serving
 from lumio_ingestd.httpserver import Routes
+from lumio_ingestd.seen import SeenDeliveries
 from lumio_ingestd.sources.twitch.webhook import MAX_BODY_BYTES, PATH, TwitchWebhook, signature
 from support import dbname_of
 from twitch_support import WEBHOOK_SECRET, TwitchRig, make_rig
@@ -31,7 +32,7 @@ def rig(tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str) 
 
 def receiver(rig: TwitchRig, **kwargs: object) -> TwitchWebhook:
     return TwitchWebhook(rig.cfg.twitch.webhook_secret, {"12826": 42}, rig.sink, rig.chat.buffer_or_persist,
-                         rig.redis, rig.metrics, **kwargs)  # type: ignore[arg-type]
+                         SeenDeliveries(rig.redis, "twitch"), rig.metrics, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -30,8 +30,8 @@ from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events.persist import EventIngest
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.redisclient import connect
+from lumio_ingestd.sessions import StreamSessions
 from lumio_ingestd.sources.twitch.oauth import TokenStore
-from lumio_ingestd.sources.twitch.sessions import StreamSessions
 from lumio_ingestd.sources.twitch.sink import TwitchSink
 from lumio_ingestd.sources.twitch.source import TwitchSource
 from support import make_config

@@ -18,17 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import redis
-
 from ...config import Config
-from ...db.pool import Pool
 from ...events.persist import PersistResult
 from ...httpserver import Routes
 from ...metrics import Metrics
 from ...model import ChatMessage, PlatformEvent
+from ...seen import SeenDeliveries
+from ...sessions import StreamSessions
+from ..sink import Alerts
 from .oauth import TokenStore
-from .sessions import StreamSessions
-from .sink import Alerts, TwitchSink
+from .sink import TwitchSink
 from .source import ChatQueueLike, TwitchSource
 from .webhook import MAX_BODY_BYTES, PATH, TwitchWebhook
 
@@ -44,15 +43,14 @@ class TwitchParts:
             routes.add("POST", PATH, self.webhook.handle, max_body_bytes=MAX_BODY_BYTES)
 
 
-def build_twitch(cfg: Config, metrics: Metrics, *, pool: Pool, redis_client: redis.Redis | None,
+def build_twitch(cfg: Config, metrics: Metrics, *, sessions: StreamSessions, seen: SeenDeliveries,
                  chat_queue: Callable[[str], ChatQueueLike], chat: Callable[[ChatMessage], str],
                  persist_event: Callable[[PlatformEvent], PersistResult],
                  alerts: Alerts | None) -> TwitchParts:
-    sessions = StreamSessions(pool, metrics)
     sink = TwitchSink(persist_event, metrics, alerts=alerts, sessions=sessions)
     parts = TwitchParts(sessions=sessions)
     accounts = {a.twitch_user_id: a.account_id for a in cfg.accounts if a.twitch_user_id}
-    parts.webhook = TwitchWebhook(cfg.twitch.webhook_secret, accounts, sink, chat, redis_client, metrics)
+    parts.webhook = TwitchWebhook(cfg.twitch.webhook_secret, accounts, sink, chat, seen, metrics)
     if not cfg.twitch.client_id:
         return parts
     shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count

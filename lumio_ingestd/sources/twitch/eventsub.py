@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ...metrics import Metrics
+from ...seen import RecentIds
 from ..base import SourceClosed
+from ..ws import Binary, WsClosed, WsConnection
 from .mapping import PLATFORM, BadFrame, Envelope, Notification, interpret
-from .ws import Binary, WsClosed, WsConnection
 
 log = logging.getLogger(__name__)
 
@@ -68,26 +68,6 @@ class FrameHandler(Protocol):
     def on_bad_frame(self, exc: BadFrame) -> None: ...
 
     def on_unsupported(self, env: Envelope) -> None: ...
-
-
-class RecentIds:
-    """The last `size` message ids, oldest forgotten first."""
-
-    def __init__(self, size: int = 10_000) -> None:
-        self._size = size
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def __contains__(self, message_id: object) -> bool:
-        return message_id in self._ids
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def add(self, message_id: str) -> None:
-        self._ids[message_id] = None
-        self._ids.move_to_end(message_id)
-        while len(self._ids) > self._size:
-            self._ids.popitem(last=False)
 
 
 def connect_url(base_url: str, keepalive_secs: int) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .httpclient import Cancel, HttpUnavailable, join, request
+from ..httpclient import Cancel, HttpUnavailable, join, request
 from .oauth import TokenStore
 
 

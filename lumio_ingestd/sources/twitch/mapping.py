@@ -43,6 +43,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from ...model import ChatMessage, PlatformEvent, parse_time
+from ...sessions import StreamChange
 
 PLATFORM = "twitch"
 MAX_FRAME_BYTES = 512 * 1024
@@ -129,13 +130,6 @@ class Gift:
     role: Literal["bomb", "recipient"]
     tier: str
     total: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StreamChange:
-    kind: Literal["online", "offline"]
-    stream_id: str | None
-    at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +336,7 @@ def _gift_of(sub_type: str, event: Mapping[str, Any]) -> Gift | None:
 def _stream_of(sub_type: str, event: Mapping[str, Any], ev: PlatformEvent) -> StreamChange | None:
     if sub_type == "stream.online":
         stream_id = event.get("id")
-        return StreamChange("online", str(stream_id) if stream_id else None, ev.created_at)
+        return StreamChange("online", str(stream_id) if stream_id else None, ev.created_at, PLATFORM)
     if sub_type == "stream.offline":
-        return StreamChange("offline", None, ev.created_at)
+        return StreamChange("offline", None, ev.created_at, PLATFORM)
     return None

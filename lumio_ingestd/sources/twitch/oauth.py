@@ -36,7 +36,7 @@ from urllib.parse import urlencode
 
 from ...config import Secret
 from ...metrics import Metrics
-from .httpclient import HttpUnavailable, join, request
+from ..httpclient import HttpUnavailable, join, request
 
 log = logging.getLogger(__name__)
 

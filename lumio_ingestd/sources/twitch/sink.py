@@ -1,12 +1,10 @@
-"""Where mapped Twitch events go: `persist_event`, live alerts, gift linking, stream sessions.
+"""Where mapped Twitch events go: the shared `EventSink`, plus gift linking.
 
 Shared by the WebSocket source and the webhook receiver, so both store and
 announce an event the same way:
 
-- `persist(ev)` calls `persist_event` (inline insert, else park, else spool,
-  else counted lost) and publishes the live alert when the event was taken
-  now (stored, parked or spooled; not a redelivery the database already
-  had). A stored gift bomb is counted once here.
+- `persist(ev)` is `EventSink.persist` (persist_event, the live alert,
+  stream sessions); a gift bomb taken now is counted once here.
 - `deliver(note, gifts)` adds the notes of a notification: a gift bomb is
   held by the `GiftLinker` (persisted later with its recipients), a gifted
   sub is persisted and then offered to the linker, `stream.online`/`offline`
@@ -18,40 +16,25 @@ Durable when `persist` returns: whatever its `PersistResult` says.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from ...events.persist import PersistResult
 from ...metrics import Metrics
 from ...model import PlatformEvent
+from ...sessions import StreamSessions
+from ..sink import Alerts, EventSink
 from .gifts import GiftLinker
-from .mapping import GIFT_TYPE, PLATFORM, Notification, StreamChange
-from .sessions import StreamSessions
-
-TAKEN = ("stored", "parked", "spooled")
+from .mapping import GIFT_TYPE, PLATFORM, Notification
 
 
-class Alerts(Protocol):
-    def publish(self, ev: PlatformEvent) -> None: ...
-
-
-class TwitchSink:
+class TwitchSink(EventSink):
     def __init__(self, persist_event: Callable[[PlatformEvent], PersistResult], metrics: Metrics, *,
                  alerts: Alerts | None, sessions: StreamSessions | None) -> None:
-        self._persist_event = persist_event
+        super().__init__(persist_event, alerts=alerts, sessions=sessions)
         self._metrics = metrics
-        self._alerts = alerts
-        self.sessions = sessions
 
-    def persist(self, ev: PlatformEvent, stream: StreamChange | None = None) -> PersistResult:
-        result = self._persist_event(ev)
-        if result.outcome in TAKEN:
-            if self._alerts is not None:
-                self._alerts.publish(result.event)
-            if ev.type == GIFT_TYPE:
-                self._metrics.events_gift_bombs.labels(PLATFORM).inc()
-        if stream is not None and self.sessions is not None:
-            self.sessions.apply(ev.account_id, stream)
-        return result
+    def taken(self, result: PersistResult) -> None:
+        if result.event.type == GIFT_TYPE:
+            self._metrics.events_gift_bombs.labels(PLATFORM).inc()
 
     def deliver(self, note: Notification, gifts: GiftLinker) -> PersistResult | None:
         """Persist one notification's event; None when it is a gift bomb now held by `gifts`."""

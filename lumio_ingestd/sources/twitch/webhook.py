@@ -43,15 +43,11 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
-import redis
-
-from ... import rediskeys
 from ...config import Secret
 from ...httpserver import Request, Response
 from ...metrics import Metrics
 from ...model import ChatMessage, parse_time
-from ...redisclient import REDIS_ERRORS
-from .eventsub import RecentIds
+from ...seen import SeenDeliveries
 from .gifts import GiftLinker
 from .mapping import PLATFORM, BadFrame, channel_of, decode_json, map_notification, subscription_type_of
 from .sink import TwitchSink
@@ -61,7 +57,6 @@ log = logging.getLogger(__name__)
 PATH = "/webhooks/twitch"
 MAX_BODY_BYTES = 256 * 1024
 MAX_AGE_SECS = 600.0
-SEEN_TTL_SECS = 3600
 GIFT_WAIT_SECS = 2.0
 SECRET_KEY = "[twitch] webhook_secret_file"
 
@@ -79,23 +74,21 @@ def signature(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
 
 class TwitchWebhook:
     def __init__(self, secret: Secret | None, accounts: Mapping[str, int], sink: TwitchSink,
-                 chat: Callable[[ChatMessage], str], redis_client: redis.Redis | None,
+                 chat: Callable[[ChatMessage], str], seen: SeenDeliveries,
                  metrics: Metrics, *, gift_wait_secs: float = GIFT_WAIT_SECS,
-                 max_age_secs: float = MAX_AGE_SECS, seen_ttl_secs: int = SEEN_TTL_SECS,
+                 max_age_secs: float = MAX_AGE_SECS,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._secret = secret
         self._accounts = dict(accounts)
         self._sink = sink
         self._chat = chat
-        self._redis = redis_client
+        self._seen = seen
         self._metrics = metrics
         self._gift_wait = gift_wait_secs
         self._max_age = max_age_secs
         self._forged_logged_at = -math.inf
         self._forged_unlogged = 0
-        self._seen_ttl = seen_ttl_secs
         self._clock = clock
-        self._recent = RecentIds(50_000)
         self._lock = threading.Lock()
         self._gifts: dict[int, GiftLinker] = {}
 
@@ -147,7 +140,7 @@ class TwitchWebhook:
         if message_type != "notification":
             log.info("twitch webhook: unsupported message type %r; acknowledged", message_type[:64])
             return Response(204), "unsupported"
-        if self._seen(message_id):
+        if self._seen.seen(message_id):
             return Response.json(200, {"duplicate": True}), "replayed"
         return self._notification(request, message_id, sent_at)
 
@@ -207,7 +200,7 @@ class TwitchWebhook:
                 lost += result.outcome == "lost"
         if lost:
             return Response.json(503, {"error": "not stored; deliver again"}, {"Retry-After": "5"}), "lost"
-        self._mark_seen(message_id)
+        self._seen.mark(message_id)
         return Response(204), "stored"
 
     def _linker(self, account_id: int) -> GiftLinker:
@@ -216,24 +209,3 @@ class TwitchWebhook:
             if linker is None:
                 linker = self._gifts[account_id] = GiftLinker(self._gift_wait, self._metrics)
             return linker
-
-    def _seen(self, message_id: str) -> bool:
-        with self._lock:
-            if message_id in self._recent:
-                return True
-        if self._redis is None:
-            return False
-        try:
-            return bool(self._redis.exists(rediskeys.webhook_seen(PLATFORM, message_id)))
-        except REDIS_ERRORS:
-            return False  # the database keys still make a repeat harmless
-
-    def _mark_seen(self, message_id: str) -> None:
-        with self._lock:
-            self._recent.add(message_id)
-        if self._redis is None:
-            return
-        try:
-            self._redis.set(rediskeys.webhook_seen(PLATFORM, message_id), b"1", ex=self._seen_ttl)
-        except REDIS_ERRORS as exc:
-            log.debug("twitch webhook: cannot record delivery %s in Redis: %s", message_id[:64], exc)

@@ -1,11 +1,11 @@
-"""One WebSocket client connection that only ever reads.
+"""One WebSocket client connection, shared by every platform's socket source.
 
 Built on websocket-client's blocking API, which starts no thread of its own:
 the source's thread reads, and pings are answered with pongs inside `recv`
 (Twitch closes with 4002 otherwise; pings do not count as traffic for the
-keepalive timer, so `recv` reports only data frames). This class has no way
-to send a data frame: EventSub closes the socket with 4001 on any inbound
-data. The only frames it sends are pongs and the close frame in `close()`.
+keepalive timer, so `recv` reports only data frames). `send_text` is for
+protocols that talk back (Pusher, Astro, 7TV); EventSub closes the socket
+with 4001 on any inbound data, so the Twitch source never calls it.
 
 `abort()` may be called from any thread: it shuts the TCP socket down, which
 wakes a `recv` blocked in another thread. Text is handed back as bytes and
@@ -96,6 +96,18 @@ class WsConnection:
                 payload = bytes(data[:MAX_MESSAGE_BYTES + 1])  # longer: refused as too large
                 return Binary(payload) if opcode == websocket.ABNF.OPCODE_BINARY else payload
             # Ping (answered inside recv_data) or pong: not traffic for the keepalive timer.
+
+    def send_text(self, text: str) -> None:
+        """Send one text frame from the reading thread (bounded by the last `recv` timeout,
+        at least 1 s); raises WsClosed when the connection is gone."""
+        ws = self._ws
+        if ws is None:
+            raise WsClosed(None, "not connected")
+        try:
+            ws.settimeout(max(1.0, ws.gettimeout() or 0.0))
+            ws.send(text)
+        except (OSError, AttributeError, websocket.WebSocketException) as exc:
+            raise WsClosed(None, f"send failed: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
         """Close politely (a close frame, no wait for the answer), then drop the socket."""

@@ -1,5 +1,8 @@
 """`stream_sessions`: when an account was live, opened by `stream.online`, closed by `stream.offline`.
 
+Shared by every platform (the sockets, webhooks and the stream-status poller):
+a `StreamChange` names its platform.
+
 Both writes are idempotent, so a redelivered or replayed notification
 changes nothing:
 
@@ -26,13 +29,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
 
-from ...db.errors import classify
-from ...db.pool import Pool
-from ...metrics import Metrics
-from .mapping import PLATFORM, StreamChange
+from .db.errors import classify
+from .db.pool import Pool
+from .metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class StreamChange:
+    """A stream went online (with the platform's stream id, when it has one) or offline."""
+
+    kind: Literal["online", "offline"]
+    stream_id: str | None
+    at: datetime
+    platform: str
+
 
 _CLOSE_EARLIER = """
 UPDATE stream_sessions SET ended_at = %(at)s
@@ -121,7 +136,7 @@ class StreamSessions:
             self._writing.release()
 
     def _write(self, account_id: int, change: StreamChange) -> None:
-        params = {"account": account_id, "platform": PLATFORM, "stream": change.stream_id,
+        params = {"account": account_id, "platform": change.platform, "stream": change.stream_id,
                   "at": change.at}
         with self._pool.transaction(deadline=time.monotonic() + self._timeout) as cur:
             if change.kind == "online":

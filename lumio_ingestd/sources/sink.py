@@ -1,0 +1,49 @@
+"""Where a source's mapped events go: `persist_event`, then the live alert, then stream sessions.
+
+Shared by every platform's socket source and webhook receiver, so that all
+of them store and announce an event the same way:
+
+- `persist(ev, stream)` calls `persist_event` (inline insert, else park, else
+  spool, else counted lost) and publishes the live alert when the event was
+  taken now (stored, parked or spooled; not a redelivery the database
+  already had); a `StreamChange` then opens or closes `stream_sessions`.
+
+Durable when `persist` returns: whatever its `PersistResult` says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from ..events.persist import PersistResult
+from ..model import PlatformEvent
+from ..sessions import StreamChange, StreamSessions
+
+#: The outcomes that mean: this delivery was taken now (and is announced).
+TAKEN = ("stored", "parked", "spooled")
+
+
+class Alerts(Protocol):
+    def publish(self, ev: PlatformEvent) -> None: ...
+
+
+class EventSink:
+    def __init__(self, persist_event: Callable[[PlatformEvent], PersistResult], *,
+                 alerts: Alerts | None, sessions: StreamSessions | None) -> None:
+        self._persist_event = persist_event
+        self._alerts = alerts
+        self.sessions = sessions
+
+    def persist(self, ev: PlatformEvent, stream: StreamChange | None = None) -> PersistResult:
+        result = self._persist_event(ev)
+        if result.outcome in TAKEN:
+            if self._alerts is not None:
+                self._alerts.publish(result.event)
+            self.taken(result)
+        if stream is not None and self.sessions is not None:
+            self.sessions.apply(ev.account_id, stream)
+        return result
+
+    def taken(self, result: PersistResult) -> None:
+        """Called once for every event taken now (subclasses count their own kinds here)."""
