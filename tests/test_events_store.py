@@ -47,10 +47,14 @@ def test_the_same_external_id_is_stored_once_whatever_the_id(rig: Rig) -> None:
     # A redelivery: the platform's id again, a new row id and a later delivery time.
     again = make_event(external_id="gift-1", n=1, created_at=first.created_at + timedelta(seconds=40))
     other_account = make_event(account=8, external_id="gift-1", n=1)
+    # Platforms number their own things: the same id on another platform is another event.
+    other_platform = replace(make_event(external_id="gift-1", n=1), platform="kick")
     assert _insert(rig, first) is True
     assert _insert(rig, again) is False
     assert _insert(rig, other_account) is True
-    assert sorted(stored_ids(rig.pg_url)) == sorted([str(first.id), str(other_account.id)])
+    assert _insert(rig, other_platform) is True
+    assert sorted(stored_ids(rig.pg_url)) == sorted([str(first.id), str(other_account.id),
+                                                     str(other_platform.id)])
 
 
 def test_the_dedup_probe_is_bounded_to_its_window(rig: Rig) -> None:

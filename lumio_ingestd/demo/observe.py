@@ -122,7 +122,7 @@ class Observer:
                 cur.execute("SELECT count(*) FROM (SELECT DISTINCT account_id, platform, message_id "
                             "FROM chat_messages) d")
                 chat_distinct = (cur.fetchone() or (0,))[0]
-                cur.execute("SELECT count(DISTINCT (account_id, external_id)) FROM events")
+                cur.execute("SELECT count(DISTINCT (account_id, platform, external_id)) FROM events")
                 events_distinct = (cur.fetchone() or (0,))[0]
                 return Rows(chat, events, children, bluesky, chat_distinct, events_distinct)
         except psycopg2.Error:

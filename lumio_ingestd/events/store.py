@@ -6,7 +6,7 @@ must all take the same advisory lock, or the dedup below stops holding.
 
 - With an `external_id` (the platform's own id of the event): in the caller's
   READ COMMITTED transaction, `pg_advisory_xact_lock` on a hash of
-  (account_id, external_id), then an `EXISTS` probe on events_dedup_idx bounded
+  (account_id, platform, external_id), then an `EXISTS` probe on events_dedup_idx bounded
   to `DEDUP_WINDOW` on either side of `created_at`, then the INSERT. A
   hypertable cannot carry a unique index on (account_id, external_id) without
   the time column, hence the lock. READ COMMITTED matters: in REPEATABLE READ
@@ -47,14 +47,15 @@ Cursor = psycopg2.extensions.cursor
 # apart would be stored twice; no platform we ingest redelivers that late.
 DEDUP_WINDOW = timedelta(hours=72)
 
-# The lock key every writer derives from (account_id, external_id). A hash
-# collision only serialises two unrelated events.
-_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s::text || ':' || %s, 0))"
+# The lock key every writer derives from (account_id, platform, external_id):
+# platforms' ids are their own (a Kick and a Twitch stream may share a number).
+# A hash collision only serialises two unrelated events.
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s::text || ':' || %s || ':' || %s, 0))"
 
 _EXISTS = """
 SELECT EXISTS (
     SELECT 1 FROM events
-    WHERE account_id = %s AND external_id = %s
+    WHERE account_id = %s AND external_id = %s AND platform = %s
       AND created_at BETWEEN %s AND %s
 )
 """
@@ -86,8 +87,8 @@ def insert_event(cur: Cursor, ev: PlatformEvent) -> bool:
     (same id, or same external_id within the dedup window).
     """
     if ev.external_id is not None:
-        cur.execute(_LOCK, (ev.account_id, ev.external_id))
-        cur.execute(_EXISTS, (ev.account_id, ev.external_id,
+        cur.execute(_LOCK, (ev.account_id, ev.platform, ev.external_id))
+        cur.execute(_EXISTS, (ev.account_id, ev.external_id, ev.platform,
                               ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW))
         row = cur.fetchone()
         if row is not None and row[0]:

@@ -20,7 +20,7 @@ came (INTERFACE.md, "Details that other services and tests rely on"):
 Own ids are taken only where the id names this one event: the update of a
 redemption, the progress of a poll or the end of a hype train repeat the id of
 what they update, so those use the delivery id (or they would be deduplicated
-into the first row). The dedup key is (account, external_id) across all
+into the first row). The dedup key is (account, platform, external_id) across all
 types, so numeric ids from other id sequences (unban requests, extension
 transactions) are left out too: a collision with a stream id would drop one.
 
