@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
