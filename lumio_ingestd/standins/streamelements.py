@@ -86,6 +86,7 @@ class AstroStandin:
         self.pong_timeout = pong_timeout_secs
         self.reconnect_grace = reconnect_grace_secs
         self.connections: list[AstroConn] = []
+        self.record_sent = True  # False: no per-socket list of sent ids (a demo may run for hours)
         self.upgrades: list[tuple[float, int]] = []  # (time, HTTP status) of every upgrade request
         self._refusals: list[tuple[int, float | None]] = []
         self._failures: dict[str, list[str]] = {}  # topic -> errors to answer, in order
@@ -179,6 +180,11 @@ class AstroStandin:
     def publish(self, topic: str, room: str, data: Mapping[str, Any], *, frame_id: str | None = None,
                 with_room: bool = True) -> dict[str, Any]:
         """Send a `message` to every socket subscribed to `topic` for `room`; returns the frame."""
+        return self.publish_counted(topic, room, data, frame_id=frame_id, with_room=with_room)[0]
+
+    def publish_counted(self, topic: str, room: str, data: Mapping[str, Any], *,
+                        frame_id: str | None = None, with_room: bool = True) -> tuple[dict[str, Any], int]:
+        """`publish`, and how many sockets (or pending reconnect tokens) it went to."""
         canonical = self.canonical_rooms.get(room, room)
         frame: dict[str, Any] = {"id": frame_id or self.next_id(),
                                  "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -187,15 +193,18 @@ class AstroStandin:
             frame["room"] = canonical
         frame["data"] = dict(data)
         text = json.dumps(frame, separators=(",", ":"))
+        reached = 0
         with self._cond:
             for handoff in self._handoffs.values():
                 if handoff.subscriptions.get(topic) == canonical:
                     handoff.held.append(text)
+                    reached += 1
             for conn in self.connections:
                 if conn.open and not conn.reconnecting and conn.subscriptions.get(topic) == canonical:
                     conn.outbox.append(text)
+                    reached += 1
             self._cond.notify_all()
-        return frame
+        return frame, reached
 
     def send_raw(self, text: str, conn: int = -1) -> None:
         """Send any text (malformed on purpose, say) on one socket."""
@@ -303,7 +312,7 @@ class AstroStandin:
                     frame = json.loads(item)
                 except ValueError:
                     continue
-                if isinstance(frame, dict) and frame.get("type") == "message":
+                if isinstance(frame, dict) and frame.get("type") == "message" and self.record_sent:
                     conn.sent_ids.append(str(frame.get("id")))
                 if isinstance(frame, dict) and frame.get("type") == "reconnect":
                     reconnect_sent_at = time.monotonic()
