@@ -8,7 +8,7 @@ Mapping (INTERFACE.md, "Wave 2 additions", StreamElements), one `events` row
 per document, `platform` = `streamelements`, `created_at` = the document's
 `createdAt` (the frame's `ts` only when that is missing):
 
-- `channel.tips`, `status` "success" -> type `tip`, `external_id` = `_id`.
+- `channel.tips`, `status` "success" (or none) -> type `tip`, `external_id` = `_id`.
 - `channel.tips` with any other status (a failed or refunded tip) -> type
   `tip.<status>`, `external_id` = `<_id>:<status>`: stored as it arrives,
   never an update of the `tip` row, and never swallowed by it as a duplicate.
@@ -282,10 +282,10 @@ def _tip(account_id: int, topic: str, data: Mapping[str, Any], doc_id: str,
         raw_updated = data.get("updatedAt")
         updated = raw_updated if isinstance(raw_updated, str) else ""
         ev_type, external_id = "tip.moderation", f"{doc_id}:moderation:{approved}:{updated[:40]}"
-    elif status == "success":
+    elif status in ("success", None):  # a document without a status is taken as the plain tip
         ev_type, external_id = TIP_TYPE, doc_id
     else:
-        label = _label(status if status is not None else "unknown", "status")
+        label = _label(status, "status")
         ev_type, external_id = f"{TIP_TYPE}.{label}", f"{doc_id}:{label}"
     return PlatformEvent.new(account_id=account_id, platform=PLATFORM, type=ev_type,
                              external_id=external_id, created_at=created_at, payload=payload)

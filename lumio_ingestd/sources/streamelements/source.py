@@ -63,6 +63,7 @@ from .protocol import (
     PLATFORM,
     RATE_LIMITED,
     RETRY_ERRORS,
+    STORED_TOPICS,
     BadFrame,
     Frame,
     Token,
@@ -186,6 +187,11 @@ class StreamElementsSource(Source):
         self.client_id: str | None = None
         self.handoffs = 0
         self.welcomed_at = 0.0
+        self._unsupported_logged: set[str] = set()
+        for name in self.topics:
+            if name not in STORED_TOPICS:
+                log.warning("%s: topic %s is subscribed but its messages are not stored (only %s are)",
+                            self.name, name, ", ".join(sorted(STORED_TOPICS)))
 
     # -- Source ------------------------------------------------------------------------------
 
@@ -478,8 +484,15 @@ class StreamElementsSource(Source):
     def _bad(self, exc: BadFrame) -> None:
         self.metrics.source_frames.labels(PLATFORM, "bad").inc()
         self.metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
-        log.log(logging.INFO if exc.reason == "unsupported" else logging.WARNING,
-                "%s: refused a frame (%s): %s", self.name, exc.reason, exc)
+        if exc.reason != "unsupported":
+            log.warning("%s: refused a frame (%s): %s", self.name, exc.reason, exc)
+            return
+        # A topic subscribed but not stored sends all the time: said once, then counted only.
+        what = str(exc)[:120]
+        if what not in self._unsupported_logged and len(self._unsupported_logged) < 64:
+            self._unsupported_logged.add(what)
+            log.info("%s: skipped %s (counted in source_bad_frames_total{reason=\"unsupported\"}; "
+                     "said once)", self.name, what)
 
     # -- graceful reconnect -----------------------------------------------------------------------
 
