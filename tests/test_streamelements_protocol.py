@@ -94,6 +94,10 @@ def test_status_and_moderation_are_typed_rows_of_their_own() -> None:
 def test_activities_map_to_their_type_with_the_viewer() -> None:
     ev = mapped(ACTIVITIES, activity_doc("a1", "r", "communityGiftPurchase")).event
     assert (ev.type, ev.external_id, ev.user_id) == ("activity.communityGiftPurchase", "a1", "424242")
+    # An odd type or status is made a word, never a reason to lose the event.
+    assert mapped(ACTIVITIES, activity_doc("a2", "r", "hype train!")).event.type == "activity.hype_train_"
+    odd = mapped(TIPS, tip_doc("t9", "r", status="In Review")).event
+    assert (odd.type, odd.external_id) == ("tip.In_Review", "t9:In_Review")
 
 
 @pytest.mark.parametrize(("raw", "reason"), [
@@ -116,7 +120,8 @@ def test_unusable_frames_are_refused_with_a_reason(raw: bytes, reason: str) -> N
     (TIPS, {"donation": {}, "status": "success"}, "shape"),
     (TIPS, {**tip_doc("t", "r"), "createdAt": "1999-01-01T00:00:00Z"}, "time"),
     (TIPS, {**tip_doc("t", "r"), "createdAt": "soon"}, "time"),
-    (ACTIVITIES, {"_id": "a", "type": "has space"}, "shape"),
+    (ACTIVITIES, {"_id": "a", "type": 5}, "shape"),
+    (ACTIVITIES, {"_id": "a", "type": " "}, "shape"),
     (ACTIVITIES, {"type": "follow"}, "shape"),
 ])
 def test_unusable_messages_are_refused_with_a_reason(topic: str, data: dict[str, Any], reason: str) -> None:

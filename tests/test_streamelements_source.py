@@ -334,7 +334,7 @@ def test_malformed_frames_are_refused_counted_and_take_no_good_data_along(
         json.dumps({"type": "message", "topic": TIPS, "room": CANONICAL,
                     "data": tip_doc("tipBadTime", ROOM, created_at="yesterday")}),
         json.dumps({"type": "message", "topic": ACTIVITIES, "room": CANONICAL,
-                    "data": activity_doc("actBad", ROOM, "fo llow")}),
+                    "data": {**activity_doc("actBad", ROOM, "follow"), "type": ["follow"]}}),
         json.dumps({"type": "message", "topic": "channel.chat.message", "room": CANONICAL, "data": {}}),
         json.dumps({"type": "surprise", "data": {}}),
     ]

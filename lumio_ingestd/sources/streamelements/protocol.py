@@ -70,6 +70,7 @@ KNOWN_ERRORS = RETRY_ERRORS | CONFIG_ERRORS | {RATE_LIMITED}
 _PII_KEYS = frozenset({"email", "emailaddress", "geo", "geolocation", "ip", "ipaddress", "clientip",
                        "remoteip", "remoteaddress", "remoteaddr", "userip"})
 _TYPE_OK = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_NOT_WORD = re.compile(r"[^A-Za-z0-9_.:-]+")
 
 
 class BadFrame(Exception):
@@ -223,9 +224,12 @@ def _doc_id(data: Mapping[str, Any], topic: str) -> str:
 
 
 def _label(value: object, what: str) -> str:
-    if not isinstance(value, str) or not _TYPE_OK.fullmatch(value):
-        raise BadFrame("shape", f"{what} {str(value)[:40]!r} is not a short word")
-    return value
+    """A type suffix: a word as sent, or made one (a tip must not be lost to an odd status)."""
+    if not isinstance(value, str) or not value.strip():
+        raise BadFrame("shape", f"{what} {str(value)[:40]!r} is not a non-empty string")
+    if _TYPE_OK.fullmatch(value):
+        return value
+    return _NOT_WORD.sub("_", value.strip())[:64]
 
 
 def _number(value: object) -> float | int | None:
