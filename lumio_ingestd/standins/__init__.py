@@ -5,5 +5,5 @@ bodies it sends), `jetstream` (Bluesky Jetstream v1) and `streamelements`
 (the Astro gateway). They serve the tests, the benchmarks and
 `lumio-ingestd demo`; `twitch`, `jetstream` and `streamelements` need
 the `websockets` package (the `demo` and `test` extras), which is why this
-package imports neither on its own.
+package imports none of them on its own.
 """
