@@ -121,6 +121,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .sessions import StreamSessions
     from .sources import SourceDeps, build_sources
     from .sources.jetstream import build_jetstream
+    from .sources.streamelements import build_streamelements
     from .sources.twitch import build_twitch
     from .spool import Spool, SpoolError, SpoolReplayer
 
@@ -156,6 +157,9 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
                           alerts=alerts)
     parts.sources += twitch.sources
     twitch.add_routes(parts.routes)
+    # StreamElements tips and activities (issue 13): one Astro socket per account.
+    parts.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
+                                          alerts=alerts)
     parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
                                                      metrics), max_body_bytes=EMIT_MAX_BODY)
     parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))

@@ -139,6 +139,24 @@ class Metrics:
             "source_reconnect_handoffs", "Planned connection hand-offs (session_reconnect), by result",
             ["platform", "result"], registry=r)
 
+        # -- streamelements ----------------------------------------------------
+        # Connections, frames and subscribe results are the shared source_* metrics
+        # with platform="streamelements".
+        self.streamelements_subscribe_errors = Counter(
+            "streamelements_subscribe_errors", "Astro subscribe requests answered with an error, "
+            "by error (err_unauthorized: the token or its scope is wrong)", ["error"], registry=r)
+        for error in ("err_unauthorized", "err_bad_request", "invalid_message_type",
+                      "err_deadline_exceeded", "err_internal_error", "rate_limit_exceeded", "other"):
+            self.streamelements_subscribe_errors.labels(error)
+        self.streamelements_upgrade_refused = Counter(
+            "streamelements_upgrade_refused", "Astro WebSocket upgrades refused with an HTTP status "
+            "(429: rate limited, Retry-After honoured; 502: draining server)", ["status"], registry=r)
+        for status in ("429", "502", "503", "other"):
+            self.streamelements_upgrade_refused.labels(status)
+        self.streamelements_pii_removed = Counter(
+            "streamelements_pii_removed", "Donor PII fields (email, geolocation, IP) removed from "
+            "StreamElements documents before storage", registry=r)
+
         # -- gifts, alerts, webhooks, emit -----------------------------------
         self.events_gift_bombs = Counter(
             "events_gift_bombs", "Community gifts (gift bombs), each counted once however many "

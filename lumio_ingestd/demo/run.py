@@ -42,6 +42,7 @@ from ..metrics import Metrics
 from ..signals import SignalQueue
 from ..sources.twitch.helix import SUBSCRIPTIONS
 from ..worker import Worker
+from . import streamelements as se
 from .chaos import Chaos
 from .daemon import DaemonFailed, DaemonProcess
 from .observe import AlertListener, Observer, Snapshot
@@ -122,7 +123,11 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
                         tuple(a.account_id for a in stack.accounts))
     observer.metrics_port = metrics_port
     cleanup.callback(observer.close)
-    traffic = Traffic(stack.twitch, stack.jetstream, stack.accounts, opts.rate, metrics, console.notice)
+    astro = stack.astro
+    tips = (lambda rng: se.DemoTips(astro, [a.account_id for a in stack.accounts], rng)) \
+        if astro is not None else None
+    traffic = Traffic(stack.twitch, stack.jetstream, stack.accounts, opts.rate, metrics, console.notice,
+                      tips=tips)
     chaos = None
     if opts.chaos:
         start_at = max(3.0, opts.duration * 0.3) if opts.duration else CHAOS_AT_SECS_UNBOUNDED
@@ -172,6 +177,7 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
                    "drain_secs": drain[1] if drain else None},
         "ports": {"redis": stack.redis.port, "postgres": stack.pg.port, "twitch_ws": stack.twitch.ws_port,
                   "twitch_http": stack.twitch.http_port, "jetstream": stack.jetstream.port,
+                  **({"astro": stack.astro.port} if stack.astro is not None else {}),
                   "http": http_port, "metrics": metrics_port},
     })
     for line in render(summary):
@@ -186,7 +192,8 @@ def _intro(opts: Options, console: Console, root: Path) -> None:
     console.print("lumio-ingestd demo: the whole pipeline on this machine, with nothing configured.")
     console.print(f"  working directory {root} ({'kept' if opts.keep else 'removed'} at the end)")
     console.print(f"  traffic {until}: about {opts.rate:g} chat messages/s across two Twitch channels, "
-                  "follows, subs, resubs, cheers, a gift bomb, channel points, a raid, Bluesky posts")
+                  "follows, subs, resubs, cheers, a gift bomb, channel points, a raid, Bluesky posts, "
+                  "StreamElements tips")
     if opts.chaos:
         console.print(f"  --chaos: PostgreSQL is stopped for {CHAOS_DOWN_SECS:g}s mid-run; watch events "
                       "park in Redis and replay when it is back")
@@ -197,6 +204,8 @@ def _sources_ready(stack: Stack) -> bool:
         session = stack.twitch.active_session("channel.chat.message", account.twitch_user_id)
         if session is None or len(session.subscriptions) < len(SUBSCRIPTIONS):
             return False
+    if stack.astro is not None and not se.ready(stack.astro, [a.account_id for a in stack.accounts]):
+        return False
     return len(stack.jetstream.connections) >= 1
 
 

@@ -11,10 +11,11 @@ runs as root, can reach its data directory):
     root/state/                 the daemon's state directory (its spool)
     root/daemon.log             the daemon's log
 
-plus the stand-in Twitch (EventSub WebSocket, Helix, OAuth) and the stand-in
-Jetstream on loopback ports. `start_stack` registers every stop on the given
-ExitStack as soon as the thing is started, so a failure half-way still stops
-what was started. Nothing here is meant to outlive the demo.
+plus the stand-in Twitch (EventSub WebSocket, Helix, OAuth), the stand-in
+Jetstream and the stand-in StreamElements Astro gateway on loopback ports.
+`start_stack` registers every stop on the given ExitStack as soon as the
+thing is started, so a failure half-way still stops what was started.
+Nothing here is meant to outlive the demo.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from ..config import Config, load
 from ..db.migrate import migrate
 from ..devservers import PostgresServer, RedisServer
 from ..standins.jetstream import JetstreamStandin
+from ..standins.streamelements import AstroStandin
 from ..standins.twitch import TwitchStandin
+from . import streamelements as se
 
 DATABASE = "lumio"
 POST = "app.bsky.feed.post"
@@ -65,6 +68,7 @@ class Stack:
     config_path: Path
     cfg: Config
     accounts: tuple[DemoAccount, ...] = ACCOUNTS
+    astro: AstroStandin | None = None  # the stand-in StreamElements Astro gateway
 
     @property
     def database_url(self) -> str:
@@ -88,14 +92,16 @@ def start_stack(root: Path, cleanup: ExitStack, notice: Callable[[str], None]) -
     jetstream = JetstreamStandin()
     cleanup.callback(jetstream.close)
     jetstream.start()
+    astro = se.start_astro(cleanup)
     notice(f"started the stand-in Twitch (EventSub ws://127.0.0.1:{twitch.ws_port}, Helix and OAuth "
-           f"on port {twitch.http_port}) and the stand-in Jetstream (port {jetstream.port})")
+           f"on port {twitch.http_port}), the stand-in Jetstream (port {jetstream.port}) and the "
+           f"stand-in StreamElements Astro gateway (port {astro.port})")
 
-    config_path = write_config(root, redis_server, pg, twitch, jetstream)
+    config_path = write_config(root, redis_server, pg, twitch, jetstream, astro)
     cfg = load(str(config_path), {})
     applied = migrate(cfg.timescale)
     notice(f"database {DATABASE!r} migrated ({len(applied)} migrations); configuration {config_path}")
-    return Stack(root, redis_server, pg, twitch, jetstream, config_path, cfg)
+    return Stack(root, redis_server, pg, twitch, jetstream, config_path, cfg, astro=astro)
 
 
 def _secret(directory: Path, name: str, text: str) -> Path:
@@ -106,7 +112,7 @@ def _secret(directory: Path, name: str, text: str) -> Path:
 
 
 def write_config(root: Path, redis_server: RedisServer, pg: PostgresServer, twitch: TwitchStandin,
-                 jetstream: JetstreamStandin) -> Path:
+                 jetstream: JetstreamStandin, astro: AstroStandin | None = None) -> Path:
     """A complete configuration for the daemon, with short intervals so the demo moves quickly."""
     secrets = root / "secrets"
     secrets.mkdir(mode=0o700)
@@ -114,6 +120,8 @@ def write_config(root: Path, redis_server: RedisServer, pg: PostgresServer, twit
     webhook_secret = _secret(secrets, "twitch_webhook_secret", "lumio-demo-webhook-secret")
     emit_token = _secret(secrets, "emit_token", "lumio-demo-emit-token")
     account_sections = []
+    se_section, se_lines = se.config_text(astro, secrets, [a.account_id for a in ACCOUNTS]) \
+        if astro is not None else ("", {})
     for account in ACCOUNTS:
         token = _secret(secrets, f"twitch-token-{account.account_id}.json", json.dumps(
             {"access_token": twitch.access_token, "refresh_token": twitch.refresh_token}))
@@ -121,7 +129,7 @@ def write_config(root: Path, redis_server: RedisServer, pg: PostgresServer, twit
             f"[account.{account.account_id}]\n"
             f"twitch_user_id = {account.twitch_user_id}\n"
             f"twitch_token_file = {token}\n"
-            f"bluesky_did = {account.did}\n")
+            f"bluesky_did = {account.did}\n" + se_lines.get(account.account_id, ""))
     text = f"""\
 # Written by `lumio-ingestd demo`: the daemon against private servers and stand-ins.
 # Intervals are short so that a flush, a replay or a drain happens while you watch.
@@ -171,7 +179,7 @@ url = {jetstream.url}
 collections = {", ".join(COLLECTIONS)}
 rewind_secs = 5
 
-""" + "\n".join(account_sections)
+""" + (se_section + "\n" if se_section else "") + "\n".join(account_sections)
     path = root / "ingestd.ini"
     path.write_text(text)
     return path

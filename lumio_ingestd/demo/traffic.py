@@ -38,6 +38,7 @@ from ..standins.jetstream import JetstreamStandin, StandinEvent, commit, tid
 from ..standins.twitch import StandinError, TwitchStandin
 from ..worker import Worker
 from .stack import LIKE, POST, DemoAccount
+from .streamelements import DemoTips
 
 TICK_SECS = 0.1
 CYCLE_BEATS = 20  # half seconds: a ten-second cycle
@@ -88,7 +89,8 @@ class Traffic(Worker):
 
     def __init__(self, twitch: TwitchStandin, jetstream: JetstreamStandin,
                  accounts: tuple[DemoAccount, ...], rate: float, metrics: Metrics,
-                 notice: Callable[[str], None], *, seed: int | None = None) -> None:
+                 notice: Callable[[str], None], *, seed: int | None = None,
+                 tips: Callable[[random.Random], DemoTips] | None = None) -> None:
         super().__init__("demo-traffic", metrics)
         self._twitch = twitch
         self._jetstream = jetstream
@@ -104,6 +106,7 @@ class Traffic(Worker):
         self._burst_until = 0.0
         self._live = False
         self._last_time_us = 0
+        self._tips = tips(self._rng) if tips is not None else None  # StreamElements, when started
 
     @property
     def sent(self) -> SentCounts:
@@ -189,6 +192,8 @@ class Traffic(Worker):
         elif step == 16:
             self._notify(b, "channel.follow", te.follow_event(user, te.now_text(), **self._channel(b)),
                          version="2")
+        elif step == 3 and self._tips is not None:
+            self._tips.play(cycle, lambda ev_type: self._counts.add(event=ev_type), self._notice)
         self._bluesky(beat, self._accounts[(beat // 2) % len(self._accounts)])
 
     def _gift_bomb(self, account: DemoAccount, gifter: str) -> None:

@@ -47,6 +47,9 @@ class WsConnection:
         self._lock = threading.Lock()
         self._aborted = False
         self.last_frame = time.monotonic()  # when the last data frame arrived
+        # When any frame arrived, pings included: for protocols whose only sign of
+        # life on a quiet connection is the server's ping (Astro).
+        self.last_seen = self.last_frame
 
     def open(self) -> None:
         """Connect and do the opening handshake, bounded by the connect timeout; raises OSError
@@ -59,7 +62,7 @@ class WsConnection:
                 raise WsClosed(None, "aborted while connecting")
             self._ws = ws
             self._sock = ws.sock
-        self.last_frame = time.monotonic()
+        self.last_frame = self.last_seen = time.monotonic()
 
     def recv(self, timeout: float) -> bytes | None:
         """One data frame's payload, or None when `timeout` passed first (or only control
@@ -88,6 +91,7 @@ class WsConnection:
             except (OSError, AttributeError) as exc:
                 # AttributeError: websocket-client's socket was shut down under it by abort().
                 raise WsClosed(None, f"{type(exc).__name__}: {exc}") from None
+            self.last_seen = time.monotonic()
             if opcode == websocket.ABNF.OPCODE_CLOSE:
                 code = struct.unpack("!H", data[:2])[0] if len(data) >= 2 else None
                 raise WsClosed(code, bytes(data[2:]).decode("utf-8", "replace"))

@@ -1,0 +1,41 @@
+"""StreamElements: tips and activities over the Astro gateway (one source per account).
+
+- `protocol`: frames, subscribe requests, the token file, PII removal and the
+  mapping of tips and activities to events (pure).
+- `source`: `StreamElementsSource`, the per-account thread (welcome,
+  subscribes, pings, reconnect tokens, errors per topic).
+
+`build_streamelements()` makes a source for every account of this shard that
+has `streamelements_channel_id` and `streamelements_token_file`; its events go
+through the shared `EventSink` (persist_event, then the live alert).
+Nothing durable here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...config import Config
+from ...events.persist import PersistResult
+from ...metrics import Metrics
+from ...model import PlatformEvent
+from ..sink import Alerts, EventSink
+from .source import StreamElementsSource
+
+
+def build_streamelements(cfg: Config, metrics: Metrics, *,
+                         persist_event: Callable[[PlatformEvent], PersistResult],
+                         alerts: Alerts | None) -> list[StreamElementsSource]:
+    sink = EventSink(persist_event, alerts=alerts, sessions=None)
+    shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count
+    sources: list[StreamElementsSource] = []
+    for account in cfg.accounts:
+        if not account.streamelements_channel_id or account.streamelements_token_file is None:
+            continue
+        if account.account_id % shard_count != shard_index:
+            continue
+        sources.append(StreamElementsSource(account, cfg.streamelements, sink=sink, metrics=metrics))
+    return sources
+
+
+__all__ = ["StreamElementsSource", "build_streamelements"]
