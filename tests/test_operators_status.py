@@ -262,8 +262,8 @@ def test_status_reports_what_redis_the_database_the_spool_and_the_daemon_hold(
         if doc is None:
             return False
         states = {s["name"]: s for s in doc["sources"]}
-        return (states.get("source-good", {}).get("state") == "connected"
-                and states.get("source-bad", {}).get("connect_failures", 0) >= 2)
+        return bool(states.get("source-good", {}).get("state") == "connected"
+                    and states.get("source-bad", {}).get("connect_failures", 0) >= 2)
 
     def driver(stop: Callable[[], None]) -> None:
         assert wait_until(snapshot_shows_both, 15), read_snapshot(snapshot_path(cfg.daemon.state_dir))
