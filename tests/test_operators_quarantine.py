@@ -16,7 +16,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,7 @@ def sql(rig: ChatRig, statement: str) -> list[tuple[Any, ...]]:
 
 
 def raw_list(rig: ChatRig, key: str) -> list[bytes]:
-    return [bytes(x) for x in rig.oracle_redis().lrange(key, 0, -1)]
+    return [x if isinstance(x, bytes) else x.encode() for x in rig.oracle_redis().lrange(key, 0, -1)]
 
 
 def event(account: int, n: int, type_: str) -> PlatformEvent:
@@ -158,6 +158,9 @@ def test_a_requeue_racing_a_running_flush_loses_and_duplicates_nothing(rig: Chat
             threading.Event().wait(0.01)
         feeding_done.set()
 
+    def flusher_turned(before: int) -> Callable[[], bool]:
+        return lambda: flusher.turns > before
+
     flusher.start()
     feeder = threading.Thread(target=feed, name="test-feeder")
     feeder.start()
@@ -167,8 +170,7 @@ def test_a_requeue_racing_a_running_flush_loses_and_duplicates_nothing(rig: Chat
     a_ids = [m.message_id for m in a_msgs]
     b_quarantined_during: list[int] = []
     for i in range(0, len(a_ids), 8):  # small requeues, each after a flush pass, while B arrives
-        turns = flusher.turns
-        assert wait_until(lambda t=turns: flusher.turns > t, 10)
+        assert wait_until(flusher_turned(flusher.turns), 10)
         b_quarantined_during.append(sum(1 for q in rig.quarantined(7)
                                         if q["text"].startswith("poisonB")))
         result = store.requeue(store.entries(account=7, kind="chat", ids=a_ids[i:i + 8]))
