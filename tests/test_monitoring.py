@@ -155,7 +155,7 @@ def test_the_dashboard_uses_a_data_source_variable_and_its_expressions_parse(tmp
     assert len(ids) == len(set(ids))
     assert doc["schemaVersion"] >= 36  # Grafana 10 reads it
     for panel in doc["panels"]:
-        assert 0 <= panel["gridPos"]["x"] and panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
+        assert panel["gridPos"]["x"] >= 0 and panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
         if panel["type"] == "row":
             continue
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]

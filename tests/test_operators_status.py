@@ -375,3 +375,52 @@ def test_status_with_the_database_down_exits_69_and_still_prints_redis(
     assert not doc["database"]["ok"] and doc["database"]["error"]
     assert doc["redis"]["ok"]
     assert doc["redis"]["lists"]["chat_buffer"] == expected_list({42: 5})
+
+
+def gauge(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_source_state_record_and_gauge_follow_connects_failures_losses_and_stop() -> None:
+    metrics = Metrics()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    source = TcpSource("source-t", port, metrics)
+
+    def states() -> dict[str, float]:
+        return {s: gauge(metrics, "source_state", platform="twitch", state=s)
+                for s in ("connecting", "connected", "backoff", "stopped")}
+
+    assert states() == {"connecting": 1, "connected": 0, "backoff": 0, "stopped": 0}
+    source.run_once()
+    snap = source.source_state.snapshot()
+    assert snap["state"] == "connected" and snap["connects"] == 1 and snap["last_connect"] is not None
+    assert states() == {"connecting": 0, "connected": 1, "backoff": 0, "stopped": 0}
+    conn, _ = listener.accept()
+    conn.close()  # the peer hangs up: the source loses the connection
+    assert wait_until(lambda: (source.run_once(), source.source_state.state)[1] == "backoff", 5)
+    snap = source.source_state.snapshot()
+    assert snap["disconnects"] == 1 and snap["last_error"] == "peer closed"
+    listener.close()  # now connecting fails
+    source.run_once()
+    snap = source.source_state.snapshot()
+    assert snap["state"] == "backoff" and snap["connect_failures"] == 1
+    assert snap["last_error"].startswith("ConnectionRefusedError")
+    assert states() == {"connecting": 0, "connected": 0, "backoff": 1, "stopped": 0}
+    source.final()
+    assert source.source_state.state == "stopped"
+    assert states() == {"connecting": 0, "connected": 0, "backoff": 0, "stopped": 1}
+    assert snap["reconnects"] == 0
+
+
+def test_the_heartbeat_says_who_beat_and_when_and_sets_its_gauge(redis_url: str) -> None:
+    metrics = Metrics()
+    client = redis.Redis.from_url(redis_url)
+    before = time.time()
+    Heartbeat(client, "inst-h", 30.0, metrics).beat(force=True)
+    raw = client.get(rediskeys.instance_heartbeat("inst-h"))
+    value = json.loads(raw if isinstance(raw, bytes) else b"")
+    assert value["pid"] == os.getpid() and value["host"] == socket.gethostname()
+    assert before - 1 <= value["at"] <= time.time() + 1
+    assert before - 1 <= gauge(metrics, "instance_heartbeat_timestamp_seconds") <= time.time() + 1
+    client.close()
