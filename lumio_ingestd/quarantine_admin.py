@@ -119,16 +119,20 @@ class Entry:
         return out
 
     def line(self) -> str:
-        """One line for `list`: kind, account, id, reason, SQLSTATE, when, and what it is."""
+        """One line for `list`: kind, account, id, SQLSTATE, when, what it is, and the reason last
+        (a database's reason can be long; the columns before it stay aligned)."""
         if self.kind == "events":
             what = " ".join(x for x in (self.field("platform"), self.field("type")) if x)
         else:
             what = " ".join(x for x in (self.field("platform"), self.field("user_login")) if x)
         if self.obj is None or "raw" in self.obj:
             what = "(not a readable entry)"
+        when = self.field("quarantined_at") or "-"
+        if len(when) > 20 and when.endswith("Z"):
+            when = when[:19] + "Z"  # to the second
         return "  ".join([f"{self.kind:<6}", f"{self.account:>8}", f"{self.ident:<36}",
-                          f"{self.reason or '-':<12}", f"{self.sqlstate or '-':<5}",
-                          f"{self.field('quarantined_at') or '-':<27}", what]).rstrip()
+                          f"{self.sqlstate or '-':<5}", f"{when:<20}", f"{what or '-':<28}",
+                          self.reason or "-"]).rstrip()
 
 
 class Quarantines:

@@ -86,8 +86,10 @@ def test_requeue_of_a_chat_and_an_event_entry_after_the_fix_stores_each_once(rig
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert len(lines) == 2
-    assert lines[0].split()[:3] == ["chat", "7", poison.message_id] and "23514" in lines[0]
-    assert lines[1].split()[:4] == ["events", "8", str(ev_bad.id), "permanent"] and "23514" in lines[1]
+    assert lines[0].split()[:4] == ["chat", "7", poison.message_id, "23514"]
+    assert lines[0].endswith('violates check constraint "op_no_poison"')
+    assert lines[1].split()[:4] == ["events", "8", str(ev_bad.id), "23514"]
+    assert lines[1].split()[-3:] == ["twitch", "bad.type", "permanent"]
     assert cli(rig, "list", "--kind", "events").stdout.splitlines() == [lines[1]]
     assert cli(rig, "list", "--account", "7").stdout.splitlines() == [lines[0]]
 
