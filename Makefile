@@ -9,7 +9,7 @@ DURATION ?= 0
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: test lint typecheck pytest clean venv demo bench
+.PHONY: test lint typecheck pytest promtool clean venv demo bench
 
 venv: $(STAMP)
 
@@ -26,13 +26,20 @@ $(DEMO_STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet -e '.[demo]'
 	touch $(DEMO_STAMP)
 
-test: lint typecheck pytest
+test: lint typecheck promtool pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check lumio_ingestd tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy lumio_ingestd tests
+
+# The alert rules: syntax, then a unit test for every rule (promtool: Debian package `prometheus`).
+PROMTOOL ?= promtool
+promtool:
+	@command -v $(PROMTOOL) >/dev/null 2>&1 || { echo "promtool not found: apt-get install prometheus (or PROMTOOL=/path/to/promtool)" >&2; exit 1; }
+	$(PROMTOOL) check rules monitoring/prometheus/lumio-ingestd.rules.yml
+	$(PROMTOOL) test rules monitoring/prometheus/tests/*.yml
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -1,11 +1,13 @@
 """The one-shot administrative commands: retention, GDPR erasure and export,
-account dissolution. Each opens what it needs, does one job, prints a
-receipt, and closes everything again; the exit code says how it went."""
+account dissolution, and the operator's view (status, quarantine, spool).
+Each opens what it needs, does one job, prints a receipt, and closes
+everything again; the exit code says how it went."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
@@ -16,6 +18,7 @@ from .db.pool import Pool
 from .lifecycle import dissolve as dissolve_mod
 from .lifecycle import gdpr, retention
 from .redisclient import connect
+from .spool import lock_holder
 
 
 @contextmanager
@@ -68,3 +71,115 @@ def dissolve(cfg: Config, account_id: int) -> int:
         client.close()
     print(receipt.to_json())
     return exitcodes.OK
+
+
+# -- the operator's view (issue 18) ----------------------------------------------------
+
+
+def status(cfg: Config, as_json: bool) -> int:
+    """`status [--json]`: 0, or 69 when Redis or the database could not be read."""
+    from .status import collect, exit_code, render, to_json
+
+    doc = collect(cfg, connect_redis=lambda: connect(cfg.redis))
+    sys.stdout.write(to_json(doc) + "\n" if as_json else render(doc))
+    sys.stdout.flush()
+    return exit_code(doc)
+
+
+def quarantine(cfg: Config, action: str, account: int | None, kind: str | None,
+               ids: list[str], everything: bool) -> int:
+    """`quarantine list|show|requeue|drop`; 66 when nothing matched."""
+    from .quarantine_admin import Quarantines, receipt_json, show_json
+
+    client = connect(cfg.redis)
+    try:
+        store = Quarantines(client)
+        entries = list(store.entries(account=account, kind=kind, ids=ids))
+        not_found = sorted(set(ids) - {e.ident for e in entries})
+        if action == "list":
+            for entry in entries:
+                print(entry.line())
+            print(f"{len(entries)} quarantined entr{'y' if len(entries) == 1 else 'ies'}",
+                  file=sys.stderr)
+            return exitcodes.OK
+        if not entries:
+            print("quarantine: no quarantined entry matches"
+                  + (f" (ids not found: {', '.join(not_found)})" if not_found else ""), file=sys.stderr)
+            return exitcodes.NOINPUT
+        if action == "show":
+            for entry in entries:
+                print(show_json(entry))
+            return exitcodes.OK
+        if action == "drop" and not ids and not everything:
+            print(f"quarantine drop: {len(entries)} entries match; name them with --id, or add "
+                  "--all to drop every entry the filter matches", file=sys.stderr)
+            return exitcodes.USAGE
+        result = store.requeue(entries) if action == "requeue" else store.drop(entries)
+    finally:
+        client.close()
+    print(receipt_json(action, result, not_found))
+    return exitcodes.OK
+
+
+def spool_status(cfg: Config, as_json: bool) -> int:
+    from .status import spool_lines, spool_section
+
+    section = spool_section(cfg, time.time())
+    if as_json:
+        print(json.dumps(section, sort_keys=True, indent=2))
+    else:
+        print("\n".join(spool_lines(section)))
+    return exitcodes.OK
+
+
+def spool_replay(cfg: Config) -> int:
+    """Replay the local spool into Redis (or the database) without the daemon.
+
+    Opens the spool exactly as the daemon does, so it takes the spool's lock
+    and refuses (75) while a daemon holds it. Stops at the first batch that
+    neither Redis nor the database takes (69); what is left stays spooled.
+    """
+    from .chat.ingest import ChatIngest, chat_spool_handler
+    from .events import EventIngest, event_spool_handler
+    from .metrics import Metrics
+    from .spool import Spool, SpoolError
+
+    metrics = Metrics()
+    spool = Spool(cfg.daemon.state_dir / "spool", cfg.daemon.spool_max_bytes, metrics)
+    try:
+        spool.open()
+    except SpoolError as exc:
+        holder = lock_holder(cfg.daemon.state_dir / "spool")
+        print(f"spool replay: {exc}" + (f" (pid {holder}); the running daemon replays it itself"
+                                        if holder else ""), file=sys.stderr)
+        return exitcodes.TEMPFAIL
+    client = connect(cfg.redis)
+    replayed = {"chat": 0, "event": 0}
+    error: str | None = None
+    before = spool.pending_bytes()
+    try:
+        with _pool(cfg) as pool:
+            chat = chat_spool_handler(ChatIngest(client, pool, None, metrics, cfg))
+            events = event_spool_handler(EventIngest(client, pool, None, metrics, cfg))
+
+            def handle(kind: str, entries: list[bytes]) -> None:
+                (chat if kind == "chat" else events)(kind, entries)
+                replayed[kind] += len(entries)
+
+            while True:
+                try:
+                    if spool.replay(handle) == 0:
+                        break
+                except SpoolError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the targets refused; the rest stays
+                    error = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+                    break
+    finally:
+        after = spool.pending_bytes()
+        spool.close()
+        client.close()
+    print(json.dumps({"spool_replay": {"replayed": replayed, "pending_bytes_before": before,
+                                       "pending_bytes_after": after, "error": error}},
+                     sort_keys=True))
+    return exitcodes.OK if error is None else exitcodes.UNAVAILABLE

@@ -43,6 +43,7 @@ from .config import Config, ConfigError, redacted_lines
 from .health import HealthProbe, ReadinessProbe, Watchdog
 from .httpserver import HttpServer, Request, Response, Routes
 from .lease import Lease
+from .localstate import LocalState
 from .logs import set_level
 from .metrics import Metrics
 from .metrics_server import MetricsServer
@@ -282,6 +283,9 @@ class App:
         self._last_status = ""
         self._status_at = 0.0
         self._previous_excepthook = threading.excepthook
+        # STATE_DIR/status.json, for `lumio-ingestd status` (see localstate.py).
+        self.local_state = LocalState(cfg.daemon.state_dir, cfg.daemon.instance_id,
+                                      interval_secs=_STATUS_EVERY_SECS)
 
     # -- programmatic control (tests, embedding) ----------------------------------
 
@@ -311,6 +315,7 @@ class App:
             self._phase = "ingesting"
             self._last_status = self._status()
             self.notifier.ready(self._last_status)
+            self.local_state.write(self._phase, self.supervisor.workers())
             log.info("ready in %.2fs; listening on http=%s metrics=%s", ready_secs,
                      _fmt(self.http_address), _fmt(self.metrics_address))
             code = exitcodes.OK
@@ -401,6 +406,7 @@ class App:
                 if status != self._last_status:
                     self._last_status = status
                     self.notifier.status(status)
+                self.local_state.write(self._phase, self.supervisor.workers())
 
     def _supervisor_problem(self) -> str | None:
         age = time.monotonic() - self.supervisor.last_check
@@ -522,6 +528,7 @@ class App:
         self._release_leases()
         self._close(report)
         self._phase = "stopped"
+        self.local_state.write(self._phase, self.supervisor.workers())
         log.log(logging.INFO if report.complete else logging.ERROR, "%s", report.summary())
         return report
 

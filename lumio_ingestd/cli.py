@@ -66,6 +66,20 @@ def _build_parser() -> argparse.ArgumentParser:
     dis = sub.add_parser("dissolve-account", help="delete all rows and Redis keys of one account")
     dis.add_argument("account", type=_positive_int, metavar="A")
     dis.add_argument("--yes", action="store_true", help="confirm: this cannot be undone")
+    st = sub.add_parser("status", help="instances, leases, list depths per account, spool, "
+                                       "migrations, Jetstream lag and this machine's daemon")
+    st.add_argument("--json", action="store_true", help="print the stable JSON document instead")
+    qu = sub.add_parser("quarantine", help="list, show, requeue or drop quarantined chat and events")
+    qu.add_argument("action", choices=("list", "show", "requeue", "drop"))
+    qu.add_argument("--account", type=_positive_int, metavar="A", help="only this account")
+    qu.add_argument("--kind", choices=("chat", "events"), help="only chat or only events")
+    qu.add_argument("--id", dest="ids", action="append", default=[], metavar="ID",
+                    help="an event id, a chat message id or a sha256:... digest (repeatable)")
+    qu.add_argument("--all", dest="everything", action="store_true",
+                    help="drop: every entry the filter matches (drop needs --id or --all)")
+    sp = sub.add_parser("spool", help="the local spool: status, or replay it without the daemon")
+    sp.add_argument("action", choices=("status", "replay"))
+    sp.add_argument("--json", action="store_true", help="status: print JSON")
     demo = sub.add_parser("demo", help="run the whole pipeline against private servers and platform "
                                        "stand-ins, with live progress (takes no -c)")
     demo.add_argument("--duration", type=_seconds, default=0.0, metavar="N",
@@ -143,6 +157,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         "gdpr-erase": lambda c: admin.gdpr_erase(c, args.platform, args.user_id),
         "export": lambda c: admin.export(c, args.output, args.account, args.platform, args.user_id),
         "dissolve-account": lambda c: admin.dissolve(c, args.account),
+        "status": lambda c: admin.status(c, args.json),
+        "quarantine": lambda c: admin.quarantine(c, args.action, args.account, args.kind, args.ids,
+                                                 args.everything),
+        "spool": lambda c: (admin.spool_status(c, args.json) if args.action == "status"
+                            else admin.spool_replay(c)),
     }
     try:
         return handlers[command](cfg)

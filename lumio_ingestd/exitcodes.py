@@ -2,6 +2,8 @@
 
 OK = 0
 USAGE = 64  # EX_USAGE: the command line is wrong
+NOINPUT = 66  # EX_NOINPUT: nothing matched what the command was asked to act on
 UNAVAILABLE = 69  # EX_UNAVAILABLE: a required service is unavailable at start
 SOFTWARE = 70  # EX_SOFTWARE: an internal error
+TEMPFAIL = 75  # EX_TEMPFAIL: try again later (the running daemon holds the spool)
 CONFIG = 78  # EX_CONFIG: the configuration is wrong (names file, section, key)

@@ -9,6 +9,8 @@ label values below are small fixed sets.
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -34,6 +36,10 @@ class Metrics:
         if process:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
+        # prometheus_client's process collector has no thread count.
+        self.daemon_threads = Gauge(
+            "daemon_threads", "Python threads alive in this process", registry=r)
+        self.daemon_threads.set_function(lambda: float(threading.active_count()))
 
         # -- chat ------------------------------------------------------------
         self.chat_messages = Counter(
@@ -135,6 +141,9 @@ class Metrics:
         self.source_token_refreshes = Counter(
             "source_token_refreshes", "OAuth token refreshes, by result", ["platform", "result"],
             registry=r)
+        self.source_state = Gauge(
+            "source_state", "Platform sources by connection state (connecting, connected, backoff: "
+            "waiting to reconnect, stopped)", ["platform", "state"], registry=r)
         self.source_reconnect_handoffs = Counter(
             "source_reconnect_handoffs", "Planned connection hand-offs (session_reconnect), by result",
             ["platform", "result"], registry=r)
@@ -223,6 +232,9 @@ class Metrics:
             registry=r)
         self.redis_aof_enabled = Gauge(
             "redis_aof_enabled", "1 when Redis runs with appendonly yes", registry=r)
+        self.instance_heartbeat = Gauge(
+            "instance_heartbeat_timestamp_seconds", "When this process last refreshed its "
+            "instance heartbeat in Redis (Unix time)", registry=r)
         self.lease_held = Gauge("lease_held", "1 while this process holds the lease", ["lease"], registry=r)
         self.worker_errors = Counter(
             "worker_errors", "Exceptions caught at a worker's loop boundary", ["worker"], registry=r)

@@ -49,13 +49,17 @@ valid record, so one bad sector never costs the rest of the file. After a
 start, appends always go to a new segment; recovered files are only read.
 
 `SpoolReplayer` is the worker that replays the spool to the composition
-root's handler every few seconds while it holds anything.
+root's handler every few seconds while it holds anything. `inspect()` counts
+what a spool directory holds without locking it (for `lumio-ingestd status`
+and `spool status`; `spool replay` opens the spool like the daemon does, so
+it refuses while the daemon holds the lock).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import re
@@ -64,7 +68,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
@@ -721,3 +725,133 @@ def _remove_quietly(path: Path, directory: Path | None) -> None:
             _fsync_dir(directory)
     except OSError as exc:
         log.warning("spool: cannot remove %s: %s", path, exc)
+
+
+# -- read-only inspection (`lumio-ingestd status`, `spool status`) -----------------
+
+
+@dataclass
+class SpoolInfo:
+    """What a spool directory holds, read without taking its lock (the daemon may hold it).
+
+    `pending_bytes` counts the framed records not yet replayed, as the daemon's
+    `spool_bytes` gauge does; a record being appended or replayed right now may
+    or may not be counted. `oldest_created_at` is the `created_at` of the
+    oldest record not yet replayed (None when it has none, or is empty).
+    """
+
+    directory: Path
+    exists: bool = False
+    segments: int = 0
+    pending_bytes: int = 0
+    records: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_KIND_CODES, 0))
+    oldest_created_at: str | None = None
+    oldest_segment_mtime: float | None = None
+    holder_pid: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def total_records(self) -> int:
+        return sum(self.records.values())
+
+
+def inspect(directory: Path) -> SpoolInfo:
+    """Count what `directory` holds for replay. Never writes, never locks, never raises OSError."""
+    info = SpoolInfo(Path(directory))
+    if not info.directory.is_dir():
+        return info
+    info.exists = True
+    info.holder_pid = lock_holder(info.directory)
+    ack = _peek_ack(info.directory / "ack")
+    try:
+        numbers = sorted(int(m.group(1)) for p in info.directory.iterdir()
+                         if (m := _SEGMENT_RE.fullmatch(p.name)) is not None)
+    except OSError as exc:
+        info.problems.append(f"cannot list {info.directory}: {exc.strerror or exc}")
+        return info
+    for number in numbers:
+        if ack is not None and number < ack[0]:
+            continue  # replayed; removed at the next start
+        start = max(HEADER_SIZE, ack[1]) if ack is not None and number == ack[0] else HEADER_SIZE
+        path = info.directory / segment_name(number)
+        try:
+            _count_segment(path, start, info)
+        except FileNotFoundError:
+            continue  # replayed and removed while we looked
+        except OSError as exc:
+            info.problems.append(f"cannot read {path}: {exc.strerror or exc}")
+    return info
+
+
+def _count_segment(path: Path, start: int, info: SpoolInfo) -> None:
+    with open(path, "rb", buffering=1 << 20) as f:
+        st = os.fstat(f.fileno())
+        head = f.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE or _HEADER.unpack(head)[:2] != (MAGIC, FORMAT_VERSION):
+            info.problems.append(f"{path} is not a segment this version reads")
+            return
+        pos, size, counted = start, st.st_size, 0
+        f.seek(pos)
+        while pos + _RECORD.size <= size:
+            head = f.read(_RECORD.size)
+            if len(head) < _RECORD.size:
+                break
+            length, _, kb = _RECORD.unpack(head)
+            kind = _CODE_KINDS.get(kb & ~_MORE)
+            if kind is None or pos + _RECORD.size + length > size:
+                break  # a torn tail or damage: the daemon deals with it
+            if info.oldest_created_at is None:
+                info.oldest_created_at = _created_at(f.read(length))
+            else:
+                f.seek(length, os.SEEK_CUR)
+            info.records[kind] += 1
+            counted += 1
+            pos += _RECORD.size + length
+        if counted:
+            info.segments += 1
+            info.pending_bytes += pos - start
+            if info.oldest_segment_mtime is None:
+                info.oldest_segment_mtime = st.st_mtime
+
+
+def _created_at(payload: bytes) -> str | None:
+    try:
+        obj = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    value = obj.get("created_at") if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _peek_ack(path: Path) -> tuple[int, int] | None:
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) != _ACK.size:
+        return None
+    magic, version, number, offset, crc = _ACK.unpack(raw)
+    if magic != _ACK_MAGIC or version != FORMAT_VERSION or crc != zlib.crc32(raw[:-4]):
+        return None
+    return number, offset
+
+
+def lock_holder(directory: Path) -> int | None:
+    """The pid holding `spool.lock` (from /proc/locks), without touching the lock; None if free."""
+    try:
+        inode = os.stat(Path(directory) / "spool.lock").st_ino
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (blocked waiters carry "->")
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != "FLOCK" or "->" in parts:
+            continue
+        try:
+            if int(parts[5].rsplit(":", 1)[1]) == inode:
+                return int(parts[4])
+        except (ValueError, IndexError):
+            continue
+    return None

@@ -71,7 +71,7 @@ class ChatDeadLetterDrain(IntervalWorker):
         ttl = lease_ttl_secs or 2.0 * cfg.chat.deadletter_drain_interval_secs + 10.0
         self.lease = Lease(client, rediskeys.CHAT_DRAIN_LEADER, ttl, metrics, owner=self.instance)
         self._heartbeat = Heartbeat(client, self.instance,
-                                    heartbeat_ttl_secs or default_heartbeat_ttl(cfg))
+                                    heartbeat_ttl_secs or default_heartbeat_ttl(cfg), metrics)
         self._failpoint = failpoint
         self._redis = Outage("Redis (chat dead-letter drain)", log)
         self._db = Outage("database (chat dead-letter drain)", log)

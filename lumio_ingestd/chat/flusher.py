@@ -85,7 +85,7 @@ class ChatFlusher(IntervalWorker):
         self._pool = pool
         self._lists = ChatLists(client)
         self._heartbeat = Heartbeat(client, self.instance,
-                                    heartbeat_ttl_secs or default_heartbeat_ttl(cfg))
+                                    heartbeat_ttl_secs or default_heartbeat_ttl(cfg), metrics)
         self._failpoint = failpoint
         self._account_failures: dict[int, int] = {}
         self._redis = Outage("Redis (chat flush)", log)

@@ -23,7 +23,6 @@ refresh it); in-flight lists of a dead owner are recovered by the flusher.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from typing import Any
 import redis
 
 from .. import rediskeys
+from ..instances import heartbeat_value
+from ..metrics import Metrics
 
 DRAIN_SUFFIX = ".dl"
 
@@ -164,19 +165,22 @@ class ChatLists:
 class Heartbeat:
     """This instance's liveness key, refreshed at most every third of its TTL."""
 
-    def __init__(self, client: redis.Redis, instance: str, ttl_secs: float) -> None:
+    def __init__(self, client: redis.Redis, instance: str, ttl_secs: float,
+                 metrics: Metrics | None = None) -> None:
         self.key = rediskeys.instance_heartbeat(instance)
         self.ttl_secs = ttl_secs
         self._client = client
-        self._value = f"pid={os.getpid()}".encode()
+        self._metrics = metrics
         self._refreshed = float("-inf")
 
     def beat(self, force: bool = False) -> None:
         """SET with the TTL; raises REDIS_ERRORS."""
         now = time.monotonic()
         if force or now - self._refreshed >= self.ttl_secs / 3:
-            self._client.set(self.key, self._value, px=max(1, int(self.ttl_secs * 1000)))
+            self._client.set(self.key, heartbeat_value(), px=max(1, int(self.ttl_secs * 1000)))
             self._refreshed = now
+            if self._metrics is not None:
+                self._metrics.instance_heartbeat.set(time.time())
 
     def stop(self) -> None:
         """Delete the key: what this instance left in flight is recovered at once."""

@@ -65,6 +65,7 @@ from .. import rediskeys
 from ..config import Config
 from ..db.errors import Classified, Kind, classify
 from ..db.pool import Pool
+from ..instances import heartbeat_value
 from ..lease import Lease
 from ..metrics import Metrics
 from ..model import EntryError, EventChild, PlatformEvent
@@ -217,8 +218,9 @@ class EventRetryWorker(IntervalWorker):
     def _heartbeat(self) -> None:
         # Shared with the other workers of this instance: any of them keeping
         # the key alive says "this instance lives, leave its in-flight lists".
-        self._client.set(rediskeys.instance_heartbeat(self.instance),
-                         str(int(time.time())), px=self._heartbeat_ms)
+        self._client.set(rediskeys.instance_heartbeat(self.instance), heartbeat_value(),
+                         px=self._heartbeat_ms)
+        self.metrics.instance_heartbeat.set(time.time())
 
     def _recover_inflight(self, *, only_own: bool = False) -> int:
         moved_total = 0

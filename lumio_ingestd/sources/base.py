@@ -8,6 +8,13 @@ backoff, waiting on the stop event so a stop request ends the wait at once.
 Before the thread reports stopped, `release()` pushes whatever the source
 still holds in memory to durable storage.
 
+Every source keeps a `SourceState`: its connection state (connecting,
+connected, backoff, stopped), when it last connected, its last error and how
+often it connected, failed and lost the connection. The source's thread writes
+it; the daemon's status snapshot (`localstate.py`) reads it from the main
+thread, so it is guarded by a lock. The `source_state{platform,state}` gauge
+counts the sources in each state.
+
 Durable when a source has stopped: everything it accepted from its socket
 was handed to a durable tier (Redis, the database, or the spool) by
 `release()`; what the platform sends after the socket closed is not ours.
@@ -17,7 +24,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ..metrics import Metrics
 from ..worker import Worker
@@ -27,6 +37,93 @@ log = logging.getLogger(__name__)
 
 class SourceClosed(Exception):
     """The connection ended (closed by the peer, by a protocol rule, or by `wake()`)."""
+
+
+#: The states a source is in; `source_state{platform,state}` has one series per state.
+SOURCE_STATES = ("connecting", "connected", "backoff", "stopped")
+#: Longest error text kept (an exception may carry a whole response body).
+_MAX_ERROR_CHARS = 300
+
+
+class SourceState:
+    """One source's connection state, readable from any thread.
+
+    Times are wall-clock Unix seconds (they are shown to operators and written
+    to the status snapshot; nothing schedules by them).
+    """
+
+    def __init__(self, platform: str, metrics: Metrics, *, clock: Callable[[], float] = time.time) -> None:
+        self._platform = platform
+        self._metrics = metrics
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state = "connecting"
+        self._since = clock()
+        self._last_connect: float | None = None
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
+        self._connects = 0
+        self._failures = 0
+        self._disconnects = 0
+        metrics.source_state.labels(platform, self._state).inc()
+
+    def _move(self, state: str) -> None:
+        """Caller holds the lock."""
+        if state == self._state:
+            return
+        self._metrics.source_state.labels(self._platform, self._state).dec()
+        self._metrics.source_state.labels(self._platform, state).inc()
+        self._state = state
+        self._since = self._clock()
+
+    def connecting(self) -> None:
+        with self._lock:
+            self._move("connecting")
+
+    def connected(self) -> None:
+        with self._lock:
+            self._move("connected")
+            self._connects += 1
+            self._last_connect = self._since
+
+    def failed(self, error: str) -> None:
+        """A connection attempt failed; the source waits before the next."""
+        with self._lock:
+            self._move("backoff")
+            self._failures += 1
+            self._error(error)
+
+    def lost(self, error: str) -> None:
+        """An established connection ended; the source waits before reconnecting."""
+        with self._lock:
+            self._move("backoff")
+            self._disconnects += 1
+            self._error(error)
+
+    def stopped(self) -> None:
+        with self._lock:
+            self._move("stopped")
+
+    def _error(self, error: str) -> None:
+        self._last_error = " ".join(error.split())[:_MAX_ERROR_CHARS]
+        self._last_error_at = self._clock()
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            return self._state
+
+    def snapshot(self) -> dict[str, Any]:
+        """The record as JSON-ready values (see `localstate.py` for the file it goes to)."""
+        with self._lock:
+            return {
+                "platform": self._platform, "state": self._state, "since": self._since,
+                "last_connect": self._last_connect, "last_error": self._last_error,
+                "last_error_at": self._last_error_at, "connects": self._connects,
+                # Every connection after the first one is a reconnect.
+                "reconnects": max(0, self._connects - 1),
+                "connect_failures": self._failures, "disconnects": self._disconnects,
+            }
 
 
 class Source(Worker):
@@ -45,6 +142,7 @@ class Source(Worker):
         self._attempts = 0
         self._connected_at = 0.0
         self._rng = random.Random()
+        self.source_state = SourceState(self.platform, metrics)
 
     # -- for subclasses ----------------------------------------------------------
 
@@ -70,17 +168,20 @@ class Source(Worker):
 
     def run_once(self) -> float:
         if not self.connected:
+            self.source_state.connecting()
             try:
                 self.connect()
             except Exception as exc:  # noqa: BLE001 - any failure to connect means: back off, retry
                 self._attempts += 1
                 delay = self.next_backoff()
+                self.source_state.failed(f"{type(exc).__name__}: {exc}")
                 self.metrics.source_connect_failures.labels(self.platform).inc()
                 log.warning("%s: connect failed (%s: %s); retry %d in %.1fs", self.name,
                             type(exc).__name__, exc, self._attempts, delay)
                 return delay
             self.connected = True
             self._connected_at = time.monotonic()
+            self.source_state.connected()
             self.metrics.source_connects.labels(self.platform).inc()
             log.info("%s: connected", self.name)
         try:
@@ -102,6 +203,7 @@ class Source(Worker):
             self._attempts = 0
         self._attempts += 1
         delay = self.next_backoff()
+        self.source_state.lost(why)
         self.metrics.source_disconnects.labels(self.platform).inc()
         log.warning("%s: disconnected (%s); reconnecting in %.1fs", self.name, why, delay)
         return delay
@@ -116,5 +218,6 @@ class Source(Worker):
 
     def final(self) -> None:
         self.connected = False
+        self.source_state.stopped()
         self.close()
         self.release()
