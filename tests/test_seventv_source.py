@@ -15,17 +15,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from seventv_support import SevenTvRig, make_rig
 
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.seventv.protocol import SetState
 from lumio_ingestd.sources.seventv import Followed
 from lumio_ingestd.standins.seventv import SevenTvStandin
-from seventv_support import SevenTvRig, make_rig
 
 USER = "01HUSER0000000000000000001"
 TWITCH = "1001"
 SET_A = "01HSETA0000000000000000001"
 SET_B = "01HSETB0000000000000000001"
+SWITCH_DIFF = [("emote.added", "01HEMOTE000000000000000003", None, "Clap"),
+               ("emote.removed", "01HEMOTE000000000000000001", None, "peepoHappy")]
 E1, E2, E3, E4 = "01HEMOTE000000000000000001", "01HEMOTE000000000000000002", \
     "01HEMOTE000000000000000003", "01HEMOTE000000000000000004"
 
@@ -90,7 +92,8 @@ def test_set_found_through_rest_subscribed_each_dispatch_one_row_duplicate_none(
     conn = s.open_connections()[0]
     body = {"id": SET_A, "kind": 3, "actor": None, "pushed": [
         {"key": "emotes", "index": 2, "type": "object", "value": s.sets[SET_A][E3]}]}
-    frame = json.dumps({"op": 0, "t": int(time.time() * 1000), "d": {"type": "emote_set.update", "body": body}})
+    frame = json.dumps({"op": 0, "t": int(time.time() * 1000),
+                        "d": {"type": "emote_set.update", "body": body}})
     s.send_raw(conn, frame)
     s.send_raw(conn, frame)
     assert wait_until(lambda: rig.value("seventv_dispatches_total", result="unchanged") >= 2, 5)
@@ -217,7 +220,7 @@ def test_active_set_switch_moves_the_subscription_and_stores_the_difference(rig:
                       and not s.subscribed("emote_set.update", SET_A), 5)
     settle(rig, 2)
     # A has peepoHappy + KEKW, B has KEKW + Clap: one removed, one added, KEKW stays.
-    assert sorted(rig.changes()) == [("emote.added", E3, None, "Clap"), ("emote.removed", E1, None, "peepoHappy")]
+    assert sorted(rig.changes()) == SWITCH_DIFF
     payloads = [r[0] for r in rig.rows("SELECT payload FROM events WHERE platform = 'seventv'")]
     assert all(p["emote_set_id"] == SET_B and p["previous_emote_set_id"] == SET_A for p in payloads)
     # Changes in the new set are followed; changes in the old one are not ours any more.
@@ -239,7 +242,7 @@ def test_switch_while_the_socket_is_down_is_found_through_rest(rig: SevenTvRig) 
     assert s.wait_for(lambda: s.subscribed("emote_set.update", SET_B)
                       and not s.subscribed("emote_set.update", SET_A), 5)
     settle(rig, 2)
-    assert sorted(rig.changes()) == [("emote.added", E3, None, "Clap"), ("emote.removed", E1, None, "peepoHappy")]
+    assert sorted(rig.changes()) == SWITCH_DIFF
     assert_exactly_once(rig)
 
 
