@@ -186,7 +186,8 @@ def test_rest_bodies() -> None:
     assert emote_set({"id": SET, "emotes": None}) == (SET, {})
     assert emote_set({"id": SET, "emotes": [{"id": "E1", "name": "a", "timestamp": 3, "actor_id": "A"}]}) == (
         SET, {"E1": Entry("a", 3, "A")})
-    for bad in ([], {"emotes": []}, {"id": SET, "emotes": {}}, {"id": SET, "emotes": [{"id": "E1"}]}):
+    bads: list[object] = [[], {"emotes": []}, {"id": SET, "emotes": {}}, {"id": SET, "emotes": [{"id": "E1"}]}]
+    for bad in bads:
         with pytest.raises(BadResponse):
             emote_set(bad)
     assert twitch_user({"id": "1", "emote_set_id": "S1", "user": {"id": "U1"}}) == ("U1", "S1")
