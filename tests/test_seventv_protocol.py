@@ -186,7 +186,8 @@ def test_rest_bodies() -> None:
     assert emote_set({"id": SET, "emotes": None}) == (SET, {})
     assert emote_set({"id": SET, "emotes": [{"id": "E1", "name": "a", "timestamp": 3, "actor_id": "A"}]}) == (
         SET, {"E1": Entry("a", 3, "A")})
-    bads: list[object] = [[], {"emotes": []}, {"id": SET, "emotes": {}}, {"id": SET, "emotes": [{"id": "E1"}]}]
+    bads: list[object] = [[], {"emotes": []}, {"id": SET, "emotes": {}},
+                          {"id": SET, "emotes": [{"id": "E1"}]}]
     for bad in bads:
         with pytest.raises(BadResponse):
             emote_set(bad)
