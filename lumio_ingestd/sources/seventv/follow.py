@@ -98,8 +98,12 @@ class Followed:
 
     @property
     def set_id(self) -> str | None:
+        """The set to subscribe to: a switch named by user.update is subscribed before the heal
+        fetches it, so no change made in between is missed."""
         if self.pinned_set:
             return self.pinned_set
+        if self.set_hint:
+            return self.set_hint
         return self.state.set_id if self.state is not None else None
 
     def subscriptions(self) -> list[Subscription]:
@@ -230,7 +234,8 @@ class Follower:
         self._apply(f, changes, SetState(state.set_id, target, state.version + 1, state.user_id), ctx)
 
     def on_user_update(self, f: Followed, update: UserUpdate) -> bool:
-        """True when the followed set changed (the caller re-syncs its subscriptions)."""
+        """True when the followed set changes: the caller subscribes to the new set, then heals
+        the account (which stores the difference and moves the state to the new set)."""
         if f.pinned_set:
             self.metrics.seventv_dispatches.labels("not_followed").inc()
             return False
@@ -244,8 +249,8 @@ class Follower:
             log.info("%s: account %d: user.update: active emote set %s -> %s", self.name,
                      f.account_id, current, switch.new)
             f.set_hint = switch.new
-            self.heal(f)
-            return f.set_id != current
+            f.heal_due, f.heal_at, f.heal_failures = True, 0.0, 0
+            return True
         self.metrics.seventv_dispatches.labels("unchanged").inc()
         return False
 

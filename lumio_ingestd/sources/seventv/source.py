@@ -257,6 +257,8 @@ class SevenTvSocket(Source):
     def idle(self) -> None:
         if not self.connected or self.stopping:
             return
+        # Subscribe before healing: a set found or switched to is followed from before its fetch.
+        self._sync_or_abort()
         started = time.monotonic()
         budget = self.heal_budget_secs
         if self.hello is not None:
@@ -269,6 +271,9 @@ class SevenTvSocket(Source):
                 self.follower.retry_pending(f)
             if f.heal_due and time.monotonic() >= f.heal_at:
                 self.follower.heal(f)
+        self._sync_or_abort()
+
+    def _sync_or_abort(self) -> None:
         ws = self._ws
         if ws is not None:
             try:
