@@ -117,7 +117,7 @@ class Followed:
 
 class Follower:
     def __init__(self, name: str, api: SevenTvApi, store: StateStore, sink: Sink, metrics: Metrics, *,
-                 heal_retry_min_secs: float = 5.0, heal_retry_max_secs: float = 300.0,
+                 heal_retry_min_secs: float = 2.0, heal_retry_max_secs: float = 60.0,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.name = name
         self.api = api
@@ -295,7 +295,7 @@ class Follower:
             log.warning("%s: account %d: emote set state v%d not saved (%s: %s); dispatches wait "
                         "for it", self.name, f.account_id, new.version, type(exc).__name__,
                         str(exc)[:200])
-            f.heal_due = True
+            f.heal_due = True  # heal() retries the save first, with backoff
             return False
         f.pending = None
         if not saved:
@@ -307,9 +307,4 @@ class Follower:
         self.metrics.seventv_state_saves.labels("saved").inc()
         f.state = new
         return True
-
-    def retry_pending(self, f: Followed) -> None:
-        if f.pending is not None and self._save_pending(f):
-            f.heal_due = True  # what the dropped dispatches said
-            f.heal_at = 0.0
 

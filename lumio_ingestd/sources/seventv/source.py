@@ -100,7 +100,7 @@ class SevenTvSocket(Source):
                  connect_timeout_secs: float = 10.0, read_poll_secs: float = 0.25,
                  resume: bool = True, resume_ack_secs: float = 2.0,
                  heal_budget_secs: float = 2.0,
-                 heal_retry_min_secs: float = 5.0, heal_retry_max_secs: float = 300.0,
+                 heal_retry_min_secs: float = 2.0, heal_retry_max_secs: float = 60.0,
                  reconnect_jitter_secs: float = 1.0, maintenance_wait_secs: float = 300.0,
                  rate_limited_wait_secs: float = 60.0, client_bug_wait_secs: float = 600.0) -> None:
         super().__init__(name, metrics)
@@ -267,8 +267,6 @@ class SevenTvSocket(Source):
         for f in self._accounts():
             if self.stopping or time.monotonic() - started >= budget:
                 break
-            if f.pending is not None:
-                self.follower.retry_pending(f)
             if f.heal_due and time.monotonic() >= f.heal_at:
                 self.follower.heal(f)
         self._sync_or_abort()
