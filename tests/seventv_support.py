@@ -46,7 +46,7 @@ def seventv_config(tmp_path: Path, pg_url: str, redis_url: str, standin: SevenTv
         "daemon": {"instance_id": "seventv-test", "state_dir": tmp_path / "state"},
         "timescale": {"pool_size": 4, "acquire_timeout_secs": 2, "statement_timeout_secs": 5,
                       "connect_timeout_secs": 2},
-        "events": {"insert_timeout_secs": 2, "retry_interval_secs": 0.3},
+        "events": {"insert_timeout_secs": 3, "retry_interval_secs": 0.3},  # 3: room to open a connection
         "redis": {"socket_timeout_secs": 1, "connect_timeout_secs": 1},
         "seventv": {"enabled": "true", "eventapi_url": standin.eventapi_url, "api_url": standin.api_url},
     }

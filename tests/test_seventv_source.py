@@ -347,3 +347,92 @@ def test_store_compare_and_set_refuses_a_stale_writer(rig: SevenTvRig) -> None:
     assert not rig.store.save(9, SetState(SET_A, {}, 2, USER), 1)  # computed from a stale version
     loaded = rig.store.load(9)
     assert loaded is not None and loaded.version == 2
+
+
+def test_malformed_frames_are_refused_and_cost_nothing(rig: SevenTvRig) -> None:
+    s = rig.standin
+    src = rig.source()
+    ready(rig)
+    conn = s.open_connections()[0]
+    for data, text in ((b"\x00\x01binary", False), (b"\xff\xfe not utf-8", True), ("not json", True),
+                       ("[1, 2]", True), ('{"op": 99, "d": {}}', True),
+                       ('{"op": 0, "d": {"type": "emote_set.update", "body": {"id": "../x"}}}', True),
+                       (json.dumps({"op": 0, "d": {"type": "emote_set.update",
+                                                   "body": {"id": SET_A, "pushed": "x"}}}), True),
+                       ('{"op": 0, "d": {"type": "cosmetic.create", "body": {"id": "C1"}}}', True)):
+        assert s.send_raw(conn, data, text=text)
+    s.add_emote(SET_A, E3, "Clap")
+    settle(rig, 1)
+    assert rig.changes() == [("emote.added", E3, None, "Clap")]
+    assert len(s.connections) == 1 and conn.open and src.sockets[0].connected
+    bad = {r: rig.value("source_bad_frames_total", platform="seventv", reason=r)
+           for r in ("binary", "not_json", "not_object", "unknown_op", "bad_dispatch", "unsupported")}
+    assert bad == {"binary": 1, "not_json": 2, "not_object": 1, "unknown_op": 1, "bad_dispatch": 2,
+                   "unsupported": 1}
+    assert rig.value("worker_errors_total", worker="source-seventv") == 0
+
+
+def test_rest_errors_delay_the_heal_and_lose_nothing(rig: SevenTvRig) -> None:
+    s = rig.standin
+    rig.source()
+    ready(rig)
+    s.rest_status = 500
+    s.close_connection(s.open_connections()[0], 4006, "restart")
+    assert s.wait_for(lambda: not s.open_connections(), 2)
+    s.add_emote(SET_A, E3, "Clap")
+    s.remove_emote(SET_A, E2)
+    assert s.wait_for(lambda: len(s.connections) >= 2 and s.subscribed("emote_set.update", SET_A), 5)
+    assert wait_until(lambda: rig.value("seventv_heals_total", result="failed") >= 2, 5)
+    assert rig.changes() == []
+    s.rest_status = None
+    settle(rig, 2)
+    assert sorted(rig.changes()) == [("emote.added", E3, None, "Clap"), ("emote.removed", E2, None, "KEKW")]
+    assert_exactly_once(rig)
+
+
+def test_a_smaller_limit_on_reconnect_moves_accounts_to_another_socket(rig: SevenTvRig) -> None:
+    s = rig.standin
+    s.subscription_limit = 4
+    s.add_user("01HUSER0000000000000000002", twitch_id="1002", set_id=SET_B)
+    src = rig.source([Followed(7, twitch_user_id=TWITCH), Followed(8, twitch_user_id="1002")])
+    assert s.wait_for(lambda: s.subscribed("emote_set.update", SET_A)
+                      and s.subscribed("emote_set.update", SET_B), 5)
+    assert len(src.sockets) == 1
+    s.subscription_limit = 2
+    s.close_connection(s.open_connections()[0], 4012, "lifetime")
+    assert s.wait_for(lambda: len(s.open_connections()) == 2 and s.subscribed("emote_set.update", SET_A)
+                      and s.subscribed("emote_set.update", SET_B), 5)
+    assert len(src.sockets) == 2 and all(c.max_subs <= 2 for c in s.connections[1:])
+    s.add_emote(SET_A, E3, "Clap")
+    s.add_emote(SET_B, E4, "Wave")
+    settle(rig, 2)
+    assert rig.changes(7) == [("emote.added", E3, None, "Clap")]
+    assert rig.changes(8) == [("emote.added", E4, None, "Wave")]
+    assert all(n == 1 for n in rig.external_ids().values())
+
+
+def test_a_streamer_without_7tv_is_said_once_and_asked_rarely(rig: SevenTvRig,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    s = rig.standin
+    with caplog.at_level(logging.INFO, logger="lumio_ingestd.sources.seventv"):
+        src = rig.source([Followed(7, twitch_user_id=TWITCH), Followed(9, twitch_user_id="99999")],
+                         missing_retry_secs=60.0)
+        ready(rig)
+        assert wait_until(lambda: rig.value("seventv_heals_total", result="failed") == 1, 5)
+        s.close_connection(s.open_connections()[0], 4012, "lifetime")  # a reconnect heals everyone again
+        assert s.wait_for(lambda: len(s.connections) >= 2 and s.subscribed("emote_set.update", SET_A), 5)
+        assert wait_until(lambda: rig.value("seventv_heals_total", result="failed") == 2, 5)
+    said = [r for r in caplog.records if "99999" in r.getMessage() and r.levelno >= logging.INFO]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert src.sockets[0].connected and rig.state(9) is None
+
+
+def test_stop_cuts_a_slow_rest_call(rig: SevenTvRig) -> None:
+    s = rig.standin
+    s.rest_delay_secs = 20.0
+    src = rig.source()
+    assert s.wait_for(lambda: len(s.connections) >= 1, 5)
+    assert wait_until(lambda: src.sockets and src.sockets[0].api.requests >= 1, 5)
+    started = time.monotonic()
+    rig.stop(src)
+    assert time.monotonic() - started < 2.0

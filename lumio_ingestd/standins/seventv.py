@@ -14,7 +14,8 @@ PROTOCOLS.md §6:
   opcode or malformed frame: 4001/4002. Dispatches go to the connections
   subscribed to their (type, object id).
 - REST `http://127.0.0.1:P/v3`: `GET /users/twitch/{id}`, `GET /users/{id}`,
-  `GET /emote-sets/{id}` (404 when unknown; `rest_status` forces an error).
+  `GET /emote-sets/{id}` (404 when unknown; `rest_status` forces an error,
+  `rest_delay_secs` slows every answer down).
 
 The data is changed the way a streamer changes it on the website
 (`add_emote`, `remove_emote`, `rename_emote`, `switch_set`): the change is
@@ -86,6 +87,8 @@ class SevenTvStandin:
         self.rest_requests: list[str] = []
         #: Forces this status on every REST request (None: answer normally).
         self.rest_status: int | None = None
+        #: Every REST answer waits this long first (a slow API).
+        self.rest_delay_secs = 0.0
         #: Keep every connection's inbound frames (a long-running demo turns it off).
         self.record_inbound = True
         self.dispatched = 0
@@ -386,6 +389,8 @@ class SevenTvStandin:
     # -- REST ------------------------------------------------------------------------------------------
 
     def _rest(self, path: str) -> tuple[int, Any]:
+        if self.rest_delay_secs:
+            self._stop.wait(self.rest_delay_secs)
         with self._lock:
             self.rest_requests.append(path)
             if self.rest_status is not None:

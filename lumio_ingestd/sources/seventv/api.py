@@ -4,8 +4,9 @@
 - `user_active_set(id)`: `GET /users/{id}` -> the active emote set of its Twitch connection;
 - `emote_set(id)`: `GET /emote-sets/{id}` -> the set's emotes.
 
-404 is an answer (`None`: no such user or set); anything else that is not a
-200 with the documented shape raises `ApiError` (the caller retries later).
+404 is an answer: no such user (`NotOnSevenTv`) or set (`None`); anything
+else that is not a 200 with the documented shape raises `ApiError` (the
+caller retries later).
 Each call is bounded by `timeout_secs`; `cancel` cuts the call in flight
 from another thread (a stopping source). Nothing durable here.
 """
@@ -21,6 +22,10 @@ from ..httpclient import Cancel, HttpUnavailable, join, request
 
 class ApiError(Exception):
     """The call did not give an answer (network, 5xx, 429, a body of the wrong shape)."""
+
+
+class NotOnSevenTv(ApiError):
+    """7TV answered: this Twitch user has no 7TV account (or the 7TV user is gone)."""
 
 
 class SevenTvApi:
@@ -47,10 +52,10 @@ class SevenTvApi:
             raise ApiError(f"GET {path}: the body is not JSON")
         return obj
 
-    def twitch_user(self, twitch_id: str) -> tuple[str, str | None] | None:
+    def twitch_user(self, twitch_id: str) -> tuple[str, str | None]:
         obj = self._get(f"users/twitch/{quote(twitch_id, safe='')}")
         if obj is None:
-            return None
+            raise NotOnSevenTv(f"no 7TV user is connected to Twitch user {twitch_id}")
         try:
             return twitch_user(obj)
         except BadResponse as exc:
@@ -59,7 +64,7 @@ class SevenTvApi:
     def user_active_set(self, user_id: str) -> str | None:
         obj = self._get(f"users/{quote(user_id, safe='')}")
         if obj is None:
-            return None
+            raise NotOnSevenTv(f"7TV has no user {user_id}")
         try:
             return user_active_set(obj)
         except BadResponse as exc:

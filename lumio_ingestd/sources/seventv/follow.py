@@ -52,7 +52,7 @@ from ...seventv.protocol import (
     ms_to_datetime,
     to_event,
 )
-from .api import ApiError, SevenTvApi
+from .api import ApiError, NotOnSevenTv, SevenTvApi
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,8 @@ class Followed:
     heal_failures: int = 0
     #: The set a user.update switched to (trusted over a possibly stale API answer).
     set_hint: str | None = None
+    #: 7TV said it has no such user: asked again rarely, and said once in the log.
+    missing: bool = False
 
     @property
     def cost(self) -> int:
@@ -118,6 +120,7 @@ class Followed:
 class Follower:
     def __init__(self, name: str, api: SevenTvApi, store: StateStore, sink: Sink, metrics: Metrics, *,
                  heal_retry_min_secs: float = 2.0, heal_retry_max_secs: float = 60.0,
+                 missing_retry_secs: float = 1800.0,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.name = name
         self.api = api
@@ -126,6 +129,7 @@ class Follower:
         self.metrics = metrics
         self.heal_retry_min_secs = heal_retry_min_secs
         self.heal_retry_max_secs = heal_retry_max_secs
+        self.missing_retry_secs = missing_retry_secs
         self._clock = clock
 
     # -- heal (REST) --------------------------------------------------------------------------
@@ -134,6 +138,13 @@ class Follower:
         """Bring `f` up to date with the API; True when done, False when it is due again later."""
         try:
             ok = self._heal(f)
+        except NotOnSevenTv as exc:
+            # Not an outage: many streamers have no 7TV. One line, then a quiet, rare retry.
+            log.log(logging.DEBUG if f.missing else logging.INFO, "%s: account %d: %s; asking again "
+                    "every %.0f s", self.name, f.account_id, exc, self.missing_retry_secs)
+            self.metrics.seventv_heals.labels("failed").inc()
+            f.missing, f.heal_due, f.heal_at = True, True, time.monotonic() + self.missing_retry_secs
+            return False
         except ApiError as exc:
             log.warning("%s: account %d: 7TV API: %s", self.name, f.account_id, exc)
             ok = False
@@ -142,7 +153,7 @@ class Follower:
                         type(exc).__name__, str(exc)[:300])
             ok = False
         if ok:
-            f.heal_due, f.heal_failures = False, 0
+            f.heal_due, f.heal_failures, f.missing = False, 0, False
         else:
             self.metrics.seventv_heals.labels("failed").inc()
             f.heal_failures += 1
@@ -200,10 +211,7 @@ class Follower:
         if f.set_hint:
             return f.set_hint
         if f.twitch_user_id is not None:
-            found = self.api.twitch_user(f.twitch_user_id)
-            if found is None:
-                raise ApiError(f"no 7TV user is connected to Twitch user {f.twitch_user_id}")
-            user_id, set_id = found
+            user_id, set_id = self.api.twitch_user(f.twitch_user_id)
             if f.user_id is None:
                 f.user_id = user_id
             return set_id

@@ -101,14 +101,16 @@ class SevenTvSocket(Source):
                  resume: bool = True, resume_ack_secs: float = 2.0,
                  heal_budget_secs: float = 2.0,
                  heal_retry_min_secs: float = 2.0, heal_retry_max_secs: float = 60.0,
-                 reconnect_jitter_secs: float = 1.0, maintenance_wait_secs: float = 300.0,
-                 rate_limited_wait_secs: float = 60.0, client_bug_wait_secs: float = 600.0) -> None:
+                 missing_retry_secs: float = 1800.0, reconnect_jitter_secs: float = 1.0,
+                 maintenance_wait_secs: float = 300.0, rate_limited_wait_secs: float = 60.0,
+                 client_bug_wait_secs: float = 600.0) -> None:
         super().__init__(name, metrics)
         self.url = url
         self.group: list[Followed] = list(group)
         self.api = api
         self.follower = Follower(name, api, store, sink, metrics, heal_retry_min_secs=heal_retry_min_secs,
-                                 heal_retry_max_secs=heal_retry_max_secs)
+                                 heal_retry_max_secs=heal_retry_max_secs,
+                                 missing_retry_secs=missing_retry_secs)
         self._give_back = give_back
         self.connect_timeout_secs = connect_timeout_secs
         self.read_poll_secs = read_poll_secs
@@ -304,7 +306,8 @@ class SevenTvSocket(Source):
                 if not kept or used + f.cost <= limit:
                     kept.append(f)
                     used += f.cost
-            extra = [f for f in self.group if f not in kept]
+            kept_ids = {id(f) for f in kept}
+            extra = [f for f in self.group if id(f) not in kept_ids]
             self.group = kept
         if extra:
             log.info("%s: subscription limit %d: keeping %d account(s), handing %d to another socket",
@@ -480,6 +483,10 @@ class SevenTvSource(Worker):
         self.metrics.seventv_sockets.set(sum(1 for s in self.sockets if s.connected))
         self.metrics.seventv_subscriptions.set(sum(len(s.server_subs) for s in self.sockets))
         return self.turn_secs
+
+    def healthy(self, now: float | None = None) -> bool:
+        """The watchdog sees this worker only: it is healthy when its sockets are too."""
+        return super().healthy(now) and all(s.healthy(now) for s in self.sockets if s.alive)
 
     def final(self) -> None:
         for sock in self.sockets:
