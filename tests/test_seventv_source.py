@@ -111,7 +111,7 @@ def test_heartbeats_stop_reconnect_within_three_intervals_and_resubscribe(rig: S
     assert s.wait_for(lambda: len(s.connections) >= 2 and s.subscribed("emote_set.update", SET_A)
                       and s.subscribed("user.update", USER), 5)
     took = time.monotonic() - stopped
-    assert took < 3 * 0.3 + 1.0, took  # three intervals plus margin (read poll, backoff, handshake)
+    assert took < 3 * 0.3 + 1.5, took  # three intervals plus margin (read poll, backoff, handshake)
     assert took >= 3 * 0.3 * 0.9, took  # and not before three were missed
     assert rig.value("source_closes_total", platform="seventv", code="heartbeat") >= 1
     # The resubscribed connection carries dispatches.
@@ -296,9 +296,9 @@ def test_database_down_events_parked_state_saved_later_exactly_once(
         rig.close()
 
 
+@pytest.mark.parametrize("n, limit", [(1000, 500), (200, None)])
 def test_thousand_accounts_on_as_few_sockets_as_the_limit_allows(
-        tmp_path: Path, pg_url: str, redis_url: str) -> None:
-    n, limit = 1000, 500
+        tmp_path: Path, pg_url: str, redis_url: str, n: int, limit: int | None) -> None:
     with SevenTvStandin(heartbeat_interval_ms=5000, subscription_limit=limit) as s:
         accounts = []
         for i in range(n):
@@ -310,18 +310,18 @@ def test_thousand_accounts_on_as_few_sockets_as_the_limit_allows(
         try:
             started = time.monotonic()
             src = rig.source(accounts)
-            want = math.ceil(n * 2 / limit)
+            want = math.ceil(n * 2 / limit) if limit is not None else 1  # -1: no limit, one socket
             assert s.wait_for(lambda: sum(len(c.subs) for c in s.open_connections()) == 2 * n, 60), \
                 [len(c.subs) for c in s.open_connections()]
             took = time.monotonic() - started
             assert len(s.open_connections()) == want == len(src.sockets)
-            assert all(c.max_subs <= limit and c.refused == 0 for c in s.connections)
+            assert all(c.max_subs <= (limit or 2 * n) and c.refused == 0 for c in s.connections)
             assert wait_until(lambda: rig.rows("SELECT count(*) FROM seventv_emote_sets")[0][0] == n, 60)
             print(f"\n7TV: {n} accounts, limit {limit}: {len(src.sockets)} sockets, all subscribed "
                   f"in {took:.1f}s, all baselines stored in {time.monotonic() - started:.1f}s")
             # A change to one account's set reaches it on its socket.
-            s.add_emote("01HS" + f"{777:022d}", E4, "Wave")
-            assert wait_until(lambda: rig.changes(1777) == [("emote.added", E4, None, "Wave")], 10)
+            s.add_emote("01HS" + f"{n - 3:022d}", E4, "Wave")
+            assert wait_until(lambda: rig.changes(1000 + n - 3) == [("emote.added", E4, None, "Wave")], 10)
             assert rig.value("seventv_sockets") == want
         finally:
             rig.close()

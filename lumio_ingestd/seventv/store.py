@@ -83,7 +83,8 @@ def save(cur: Cursor, account_id: int, state: SetState, expected_version: int | 
 class SetStateStore:
     """The source's handle on the table: one bounded transaction per call."""
 
-    def __init__(self, pool: Pool, *, timeout_secs: float = 5.0) -> None:
+    def __init__(self, pool: Pool, *, timeout_secs: float = 3.0) -> None:
+        # 3 s: a stopping source's call in flight ends inside the sources' 5 s.
         self._pool = pool
         self._timeout = timeout_secs
 

@@ -167,6 +167,8 @@ class Follower:
         if not f.loaded:
             f.state = self.store.load(f.account_id)
             f.loaded = True
+            if f.user_id is None and f.state is not None:
+                f.user_id = f.state.user_id  # user.update is followed before the API answers
         set_id = self._active_set(f)
         if set_id is None:
             return f.set_id is None and f.user_id is not None  # no set yet: wait for user.update
