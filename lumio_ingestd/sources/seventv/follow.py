@@ -81,6 +81,8 @@ class Followed:
     pinned_set: str | None = None
     #: Configured, else found through the API.
     user_id: str | None = None
+    #: `user_id` is configured: the API's answer does not replace it.
+    user_configured: bool = False
     state: SetState | None = None
     loaded: bool = False
     #: A state whose events were taken but which is not saved yet, and the version it replaces.
@@ -214,7 +216,7 @@ class Follower:
             return f.set_hint
         if f.twitch_user_id is not None:
             user_id, set_id = self.api.twitch_user(f.twitch_user_id)
-            if f.user_id is None:
+            if not f.user_configured:
                 f.user_id = user_id
             return set_id
         if f.user_id is not None:
