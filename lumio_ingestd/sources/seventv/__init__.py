@@ -11,7 +11,7 @@ state table is `lumio_ingestd.seventv.store` (given to the source by
 
 `build_seventv()` makes the source when `[seventv] enabled` is true, for the
 accounts of this shard that have `seventv_user_id`, `seventv_emote_set_id`
-or `twitch_user_id`.
+or `twitch_user_id`. Nothing durable here (see `follow` and `source`).
 """
 
 from __future__ import annotations
