@@ -436,3 +436,14 @@ def test_stop_cuts_a_slow_rest_call(rig: SevenTvRig) -> None:
     started = time.monotonic()
     rig.stop(src)
     assert time.monotonic() - started < 2.0
+
+
+def test_the_status_snapshot_shows_every_socket(rig: SevenTvRig) -> None:
+    from lumio_ingestd.localstate import build_snapshot
+
+    src = rig.source()
+    ready(rig)
+    doc = build_snapshot(instance="t", phase="ingesting", started_at=time.time(), workers=[src])
+    assert [(s["name"], s["platform"], s["state"]) for s in doc["sources"]] == [
+        ("source-seventv-1", "seventv", "connected")]
+    assert doc["workers"] == [{"name": "source-seventv", "alive": True, "healthy": True}]

@@ -484,6 +484,10 @@ class SevenTvSource(Worker):
         self.metrics.seventv_subscriptions.set(sum(len(s.server_subs) for s in self.sockets))
         return self.turn_secs
 
+    def child_sources(self) -> list[SevenTvSocket]:
+        """The sockets, for the status snapshot (localstate.py): each has its own state."""
+        return list(self.sockets)
+
     def healthy(self, now: float | None = None) -> bool:
         """The watchdog sees this worker only: it is healthy when its sockets are too."""
         return super().healthy(now) and all(s.healthy(now) for s in self.sockets if s.alive)
