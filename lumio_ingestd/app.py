@@ -120,8 +120,10 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .redisclient import connect
     from .seen import SeenDeliveries
     from .sessions import StreamSessions
+    from .seventv.store import SetStateStore
     from .sources import SourceDeps, build_sources
     from .sources.jetstream import build_jetstream
+    from .sources.seventv import build_seventv
     from .sources.streamelements import build_streamelements
     from .sources.twitch import build_twitch
     from .spool import Spool, SpoolError, SpoolReplayer
@@ -168,6 +170,11 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     jetstream = build_jetstream(cfg, metrics, pool=pool, alerts=alerts)
     if jetstream is not None:
         parts.sources.append(jetstream)
+    # 7TV emote-set changes (issue 14): EventAPI sockets, healed through the REST API.
+    seventv = build_seventv(cfg, metrics, store=SetStateStore(pool), persist_event=events.persist_event,
+                            alerts=alerts)
+    if seventv is not None:
+        parts.sources.append(seventv)
     parts.flusher = ChatFlusher(client, pool, metrics, cfg)
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),

@@ -58,8 +58,8 @@ def build_snapshot(*, instance: str, phase: str, started_at: float, workers: Seq
                    interval_secs: float = INTERVAL_SECS, now: float | None = None) -> dict[str, Any]:
     sources: list[dict[str, Any]] = []
     for worker in workers:
-        if isinstance(worker, Source):
-            sources.append({"name": worker.name, **worker.source_state.snapshot()})
+        for source in _sources_of(worker):
+            sources.append({"name": source.name, **source.source_state.snapshot()})
     mono = time.monotonic()
     return {
         "v": FORMAT_VERSION, "instance": instance, "pid": os.getpid(), "host": socket.gethostname(),
@@ -68,6 +68,14 @@ def build_snapshot(*, instance: str, phase: str, started_at: float, workers: Seq
         "sources": sources,
         "workers": [{"name": w.name, "alive": w.alive, "healthy": w.healthy(mono)} for w in workers],
     }
+
+
+def _sources_of(worker: Worker) -> list[Source]:
+    """A source, or the sources a worker runs itself (`child_sources()`: the 7TV sockets)."""
+    if isinstance(worker, Source):
+        return [worker]
+    children = getattr(worker, "child_sources", None)
+    return list(children()) if callable(children) else []
 
 
 def write_snapshot(path: Path, doc: dict[str, Any]) -> None:

@@ -225,6 +225,37 @@ class Metrics:
             "jetstream_cursor_gaps", "Resumes from a cursor older than the server's assumed "
             "retention: events in between may be missing", registry=r)
 
+        # -- 7tv -------------------------------------------------------------
+        # Connections, closes, refused frames and subscriptions are the shared
+        # source_* metrics with platform="seventv".
+        self.seventv_changes = Counter(
+            "seventv_changes", "7TV emote changes handed to persist_event, by change (added, "
+            "removed, renamed), path (eventapi, rest) and outcome (taken, duplicate, rejected, lost)",
+            ["change", "via", "outcome"], registry=r)
+        for change in ("added", "removed", "renamed"):
+            for via in ("eventapi", "rest"):
+                self.seventv_changes.labels(change, via, "taken")
+        self.seventv_dispatches = Counter(
+            "seventv_dispatches", "7TV dispatches by what they did: applied, unchanged (a duplicate "
+            "or already known), not_followed, not_ready (no stored state yet, or the last one not "
+            "saved: a heal covers it)", ["result"], registry=r)
+        for result in ("applied", "unchanged", "not_followed", "not_ready"):
+            self.seventv_dispatches.labels(result)
+        self.seventv_heals = Counter(
+            "seventv_heals", "7TV emote sets fetched through the REST API and compared with the "
+            "stored state, by result (baseline, unchanged, changed, failed)", ["result"], registry=r)
+        for result in ("baseline", "unchanged", "changed", "failed"):
+            self.seventv_heals.labels(result)
+        self.seventv_state_saves = Counter(
+            "seventv_state_saves", "Saves of 7TV emote set state, by result (saved, failed: retried, "
+            "conflict: another writer moved it)", ["result"], registry=r)
+        for result in ("saved", "failed", "conflict"):
+            self.seventv_state_saves.labels(result)
+        self.seventv_sockets = Gauge(
+            "seventv_sockets", "7TV EventAPI connections open", registry=r)
+        self.seventv_subscriptions = Gauge(
+            "seventv_subscriptions", "7TV EventAPI subscriptions held, across connections", registry=r)
+
         # -- redis, leases, workers -----------------------------------------
         self.redis_noeviction = Gauge(
             "redis_maxmemory_policy_noeviction",

@@ -32,6 +32,7 @@ PROMISED_EVENTS = {
     "stream.online", "stream.offline", "channel.follow", "channel.subscribe",
     "channel.subscription.message", "channel.chat.notification", "channel.subscription.gift",
     "channel.cheer", "channel.raid", "channel.channel_points_custom_reward_redemption.add",
+    "emote.added", "emote.renamed",
 }
 
 

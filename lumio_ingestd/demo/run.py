@@ -114,7 +114,8 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
         raise DaemonFailed(f"the daemon's sources did not connect and subscribe within "
                            f"{READY_TIMEOUT_SECS:.0f}s; its log {daemon.log_path} ends with:\n"
                            f"{daemon.log_tail()}")
-    console.notice("both Twitch sources are subscribed (11 EventSub types each); Jetstream is connected")
+    console.notice("both Twitch sources are subscribed (11 EventSub types each); Jetstream is connected; "
+                   "both 7TV emote sets are followed")
 
     listener = AlertListener(stack.redis.client(), metrics)
     listener.start()
@@ -127,7 +128,7 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
     tips = (lambda rng: se.DemoTips(astro, [a.account_id for a in stack.accounts], rng)) \
         if astro is not None else None
     traffic = Traffic(stack.twitch, stack.jetstream, stack.accounts, opts.rate, metrics, console.notice,
-                      tips=tips)
+                      tips=tips, seventv=stack.seventv)
     chaos = None
     if opts.chaos:
         start_at = max(3.0, opts.duration * 0.3) if opts.duration else CHAOS_AT_SECS_UNBOUNDED
@@ -193,7 +194,7 @@ def _intro(opts: Options, console: Console, root: Path) -> None:
     console.print(f"  working directory {root} ({'kept' if opts.keep else 'removed'} at the end)")
     console.print(f"  traffic {until}: about {opts.rate:g} chat messages/s across two Twitch channels, "
                   "follows, subs, resubs, cheers, a gift bomb, channel points, a raid, Bluesky posts, "
-                  "StreamElements tips")
+                  "StreamElements tips, 7TV emote changes")
     if opts.chaos:
         console.print(f"  --chaos: PostgreSQL is stopped for {CHAOS_DOWN_SECS:g}s mid-run; watch events "
                       "park in Redis and replay when it is back")
@@ -206,6 +207,10 @@ def _sources_ready(stack: Stack) -> bool:
             return False
     if stack.astro is not None and not se.ready(stack.astro, [a.account_id for a in stack.accounts]):
         return False
+    seventv = stack.seventv
+    if seventv is not None and not all(
+            seventv.subscribed("emote_set.update", a.emote_set_id) for a in stack.accounts if a.emote_set_id):
+        return False  # subscribed = the set's baseline is stored: changes from now on are events
     return len(stack.jetstream.connections) >= 1
 
 

@@ -12,7 +12,8 @@ runs as root, can reach its data directory):
     root/daemon.log             the daemon's log
 
 plus the stand-in Twitch (EventSub WebSocket, Helix, OAuth), the stand-in
-Jetstream and the stand-in StreamElements Astro gateway on loopback ports.
+Jetstream, the stand-in StreamElements Astro gateway and the stand-in 7TV
+(EventAPI and REST, one emote set per account) on loopback ports.
 `start_stack` registers every stop on the given ExitStack as soon as the
 thing is started, so a failure half-way still stops what was started.
 Nothing here is meant to outlive the demo.
@@ -30,6 +31,7 @@ from ..config import Config, load
 from ..db.migrate import migrate
 from ..devservers import PostgresServer, RedisServer
 from ..standins.jetstream import JetstreamStandin
+from ..standins.seventv import SevenTvStandin
 from ..standins.streamelements import AstroStandin
 from ..standins.twitch import TwitchStandin
 from . import streamelements as se
@@ -44,18 +46,25 @@ REDIS_ARGS = ("--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-p
 
 @dataclass(frozen=True)
 class DemoAccount:
-    """One Lumio account of the demo: a Twitch channel and a Bluesky DID."""
+    """One Lumio account of the demo: a Twitch channel, a Bluesky DID, a 7TV user and emote set."""
 
     account_id: int
     twitch_user_id: str
     login: str
     did: str
+    seventv_user_id: str = ""
+    emote_set_id: str = ""
 
 
 ACCOUNTS = (
-    DemoAccount(1, "100001", "lumio_demo_alpha", "did:plc:demoalphaaaaaaaaaaaaaaaa"),
-    DemoAccount(2, "100002", "lumio_demo_beta", "did:plc:demobetabbbbbbbbbbbbbbbb"),
+    DemoAccount(1, "100001", "lumio_demo_alpha", "did:plc:demoalphaaaaaaaaaaaaaaaa",
+                "01JDEMOUSERA0000000000000A", "01JDEMOSETA00000000000000A"),
+    DemoAccount(2, "100002", "lumio_demo_beta", "did:plc:demobetabbbbbbbbbbbbbbbb",
+                "01JDEMOUSERB0000000000000B", "01JDEMOSETB00000000000000B"),
 )
+#: The emotes each demo set starts with (7TV emote ids are ULIDs).
+START_EMOTES = {"01JDEMOEMOTE00000000000001": "peepoHappy", "01JDEMOEMOTE00000000000002": "KEKW",
+                "01JDEMOEMOTE00000000000003": "Clap"}
 
 
 @dataclass
@@ -67,6 +76,7 @@ class Stack:
     jetstream: JetstreamStandin
     config_path: Path
     cfg: Config
+    seventv: SevenTvStandin | None = None
     accounts: tuple[DemoAccount, ...] = ACCOUNTS
     astro: AstroStandin | None = None  # the stand-in StreamElements Astro gateway
 
@@ -93,15 +103,24 @@ def start_stack(root: Path, cleanup: ExitStack, notice: Callable[[str], None]) -
     cleanup.callback(jetstream.close)
     jetstream.start()
     astro = se.start_astro(cleanup)
+    seventv = SevenTvStandin(heartbeat_interval_ms=5000)
+    seventv.record_inbound = False
+    cleanup.callback(seventv.close)
+    seventv.start()
+    for account in ACCOUNTS:
+        seventv.add_set(account.emote_set_id, START_EMOTES)
+        seventv.add_user(account.seventv_user_id, twitch_id=account.twitch_user_id,
+                         set_id=account.emote_set_id, username=account.login)
     notice(f"started the stand-in Twitch (EventSub ws://127.0.0.1:{twitch.ws_port}, Helix and OAuth "
-           f"on port {twitch.http_port}), the stand-in Jetstream (port {jetstream.port}) and the "
-           f"stand-in StreamElements Astro gateway (port {astro.port})")
+           f"on port {twitch.http_port}), the stand-in Jetstream (port {jetstream.port}), the "
+           f"stand-in StreamElements Astro gateway (port {astro.port}) and the stand-in 7TV "
+           f"(EventAPI port {seventv.ws_port}, REST port {seventv.http_port})")
 
-    config_path = write_config(root, redis_server, pg, twitch, jetstream, astro)
+    config_path = write_config(root, redis_server, pg, twitch, jetstream, astro, seventv)
     cfg = load(str(config_path), {})
     applied = migrate(cfg.timescale)
     notice(f"database {DATABASE!r} migrated ({len(applied)} migrations); configuration {config_path}")
-    return Stack(root, redis_server, pg, twitch, jetstream, config_path, cfg, astro=astro)
+    return Stack(root, redis_server, pg, twitch, jetstream, config_path, cfg, seventv=seventv, astro=astro)
 
 
 def _secret(directory: Path, name: str, text: str) -> Path:
@@ -112,7 +131,8 @@ def _secret(directory: Path, name: str, text: str) -> Path:
 
 
 def write_config(root: Path, redis_server: RedisServer, pg: PostgresServer, twitch: TwitchStandin,
-                 jetstream: JetstreamStandin, astro: AstroStandin | None = None) -> Path:
+                 jetstream: JetstreamStandin, astro: AstroStandin | None = None,
+                 seventv: SevenTvStandin | None = None) -> Path:
     """A complete configuration for the daemon, with short intervals so the demo moves quickly."""
     secrets = root / "secrets"
     secrets.mkdir(mode=0o700)
@@ -179,7 +199,13 @@ url = {jetstream.url}
 collections = {", ".join(COLLECTIONS)}
 rewind_secs = 5
 
-""" + (se_section + "\n" if se_section else "") + "\n".join(account_sections)
+""" + (se_section + "\n" if se_section else "") + (f"""\
+[seventv]
+enabled = true
+eventapi_url = {seventv.eventapi_url}
+api_url = {seventv.api_url}
+
+""" if seventv is not None else "") + "\n".join(account_sections)
     path = root / "ingestd.ini"
     path.write_text(text)
     return path

@@ -13,7 +13,10 @@ and whatever the timeline holds for the current half second:
   the five gifted subs), channel points, a raid;
 - on Bluesky, a post by one of the accounts' DIDs every second, a like every
   four seconds, and posts by other DIDs (which the daemon's `wantedDids`
-  filter keeps out) in between.
+  filter keeps out) in between;
+- on 7TV, twice a cycle, an emote added to one account's emote set, renamed,
+  or removed (in turn), made through the stand-in's "website" and dispatched
+  on the EventAPI: each is one `emote.*` event.
 
 A notification counts as sent only when the stand-in put it on an open
 session; one refused there (no session at that moment) is counted apart and
@@ -35,6 +38,7 @@ from typing import Any
 from ..metrics import Metrics
 from ..standins import twitch_events as te
 from ..standins.jetstream import JetstreamStandin, StandinEvent, commit, tid
+from ..standins.seventv import SevenTvStandin
 from ..standins.twitch import StandinError, TwitchStandin
 from ..worker import Worker
 from .stack import LIKE, POST, DemoAccount
@@ -90,7 +94,8 @@ class Traffic(Worker):
     def __init__(self, twitch: TwitchStandin, jetstream: JetstreamStandin,
                  accounts: tuple[DemoAccount, ...], rate: float, metrics: Metrics,
                  notice: Callable[[str], None], *, seed: int | None = None,
-                 tips: Callable[[random.Random], DemoTips] | None = None) -> None:
+                 tips: Callable[[random.Random], DemoTips] | None = None,
+                 seventv: SevenTvStandin | None = None) -> None:
         super().__init__("demo-traffic", metrics)
         self._twitch = twitch
         self._jetstream = jetstream
@@ -107,6 +112,8 @@ class Traffic(Worker):
         self._live = False
         self._last_time_us = 0
         self._tips = tips(self._rng) if tips is not None else None  # StreamElements, when started
+        self._seventv = seventv
+        self._emote_turns: Counter[int] = Counter()
 
     @property
     def sent(self) -> SentCounts:
@@ -189,6 +196,8 @@ class Traffic(Worker):
                 self._burst_until = now + RAID_BURST_SECS
                 self._notice(f"raid: {viewers} viewers arrive at {a.login}; chat bursts to "
                              f"{self._rate * RAID_BURST_FACTOR:.0f} messages/s")
+        elif step in (5, 15):
+            self._emote(a if step == 5 else b)
         elif step == 16:
             self._notify(b, "channel.follow", te.follow_event(user, te.now_text(), **self._channel(b)),
                          version="2")
@@ -218,6 +227,26 @@ class Traffic(Worker):
             self._counts.add(bluesky=1)
         # Someone else posting: Jetstream filters it out by wantedDids; never stored.
         self._post(f"did:plc:stranger{self._rng.randrange(1000):04d}", POST, {"$type": POST, "text": "hi"})
+
+    def _emote(self, account: DemoAccount) -> None:
+        """Add an emote, rename it, remove it: one change per call, in turn."""
+        if self._seventv is None or not account.emote_set_id:
+            return
+        turn = self._emote_turns[account.account_id]
+        self._emote_turns[account.account_id] += 1
+        k, phase = divmod(turn, 3)
+        emote_id = f"01JDEMOADD{account.account_id}{k:015d}"
+        name = self._rng.choice(("Pog", "Sadge", "catJAM", "monkaW", "OMEGALUL", "EZ", "Wowee"))
+        if phase == 0:
+            self._seventv.add_emote(account.emote_set_id, emote_id, f"{name}{k}")
+            self._counts.add(event="emote.added")
+            self._notice(f"7TV: {account.login} adds the emote {name}{k}")
+        elif phase == 1:
+            self._seventv.rename_emote(account.emote_set_id, emote_id, f"{name}{k}x")
+            self._counts.add(event="emote.renamed")
+        else:
+            self._seventv.remove_emote(account.emote_set_id, emote_id)
+            self._counts.add(event="emote.removed")
 
     def _post(self, did: str, collection: str, record: dict[str, Any]) -> None:
         time_us = self._time_us()
