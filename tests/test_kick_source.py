@@ -63,9 +63,9 @@ def test_subscribes_within_5s_and_stores_chat_and_events_with_their_types(
     assert wait_until(lambda: src.subscribed == {CHAT_CHANNEL, EVENT_CHANNEL}, 5)
 
     ids = [chat(fake, text=f"m{i}")[0] for i in range(3)]
-    fake.publish(CHAT_CHANNEL, "SubscriptionEvent", {"chatroom_id": CHATROOM, "username": "Loyal", "months": 6})
-    fake.publish(CHAT_CHANNEL, "SubscriptionEvent", {"chatroom_id": CHATROOM, "username": "Loyal", "months": 6})
-    fake.publish(CHAT_CHANNEL, "SubscriptionEvent", {"chatroom_id": CHATROOM, "username": "newbie", "months": 1})
+    for name, months in (("Loyal", 6), ("Loyal", 6), ("newbie", 1)):  # the repeat is one row
+        fake.publish(CHAT_CHANNEL, "SubscriptionEvent", {"chatroom_id": CHATROOM, "username": name,
+                                                         "months": months})
     # The gift, then the same gift seen on the channel: one event, two recipients.
     fake.publish(CHAT_CHANNEL, "GiftedSubscriptionsEvent", {
         "chatroom_id": CHATROOM, "gifted_usernames": ["alice", "Bob"], "gifter_username": "Big_Gifter",
@@ -80,7 +80,8 @@ def test_subscribes_within_5s_and_stores_chat_and_events_with_their_types(
                  namespace="")
     fake.publish(EVENT_CHANNEL, "StreamerIsLive", {"livestream": {
         "id": 991, "channel_id": 1, "session_title": "live!", "created_at": "2026-01-05T20:00:00Z"}})
-    fake.publish(CHAT_CHANNEL, "UserBannedEvent", {"id": str(uuid.uuid4()), "user": {"id": 5, "username": "troll"},
+    fake.publish(CHAT_CHANNEL, "UserBannedEvent", {"id": str(uuid.uuid4()),
+                                                   "user": {"id": 5, "username": "troll"},
                                                    "banned_by": {"id": 6, "username": "mod"}})
     fake.publish(CHAT_CHANNEL, "MessageDeletedEvent", {"id": "del-1", "message": {"id": ids[0]}})
     fake.publish(CHAT_CHANNEL, "PinnedMessageCreatedEvent", {"message": {}})  # known, not stored
@@ -201,8 +202,9 @@ def test_malformed_frames_are_refused_without_taking_good_data(rig: KickRig, fak
     src.start()
     pc = connected(fake)
     good_before, _ = chat(fake)
-    for raw in ("not json", "[1,2]", '{"data":"{}"}', json.dumps({"event": "App\\Events\\ChatMessageEvent",
-                                                                  "channel": CHAT_CHANNEL, "data": "{broken"}),
+    event = "App\\Events\\ChatMessageEvent"
+    for raw in ("not json", "[1,2]", '{"data":"{}"}',
+                json.dumps({"event": event, "channel": CHAT_CHANNEL, "data": "{broken"}),
                 json.dumps({"event": "App\\Events\\ChatMessageEvent", "channel": CHAT_CHANNEL,
                             "data": json.dumps({"content": "no id"})}),
                 json.dumps({"event": "App\\Events\\GiftedSubscriptionsEvent", "channel": CHAT_CHANNEL,

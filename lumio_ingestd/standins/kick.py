@@ -448,8 +448,9 @@ class KickStandin:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         message_id = message_id or _ulid()
         timestamp = timestamp or now_text()
+        signature = signature or self.key.sign(signed_bytes(message_id, timestamp, raw))
         headers = {"Kick-Event-Message-Id": message_id, "Kick-Event-Subscription-Id": _ulid(),
-                   "Kick-Event-Signature": signature or self.key.sign(signed_bytes(message_id, timestamp, raw)),
+                   "Kick-Event-Signature": signature,
                    "Kick-Event-Message-Timestamp": timestamp, "Kick-Event-Type": event_type,
                    "Kick-Event-Version": "1", "Content-Type": "application/json"}
         for name in drop_headers:
@@ -469,8 +470,8 @@ class KickStandin:
                 **kwargs: Any) -> tuple[int, str] | None:
         """Like Kick: a delivery only where a webhook subscription for it exists (else None)."""
         with self._lock:
-            wanted = any(str(s["broadcaster_user_id"]) == str(broadcaster_user_id) and s["event"] == event_type
-                         for s in self.subscriptions.values())
+            wanted = any(str(s["broadcaster_user_id"]) == str(broadcaster_user_id)
+                         and s["event"] == event_type for s in self.subscriptions.values())
         if not wanted or self.webhook_url is None:
             return None
         return self.send_webhook(event_type, body, **kwargs)
@@ -503,7 +504,8 @@ class KickStandin:
     def _token(self, body: bytes) -> tuple[int, dict[str, Any]]:
         form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
         if form.get("grant_type") != "client_credentials":
-            return 400, {"error": "unsupported_grant_type", "message": "grant_type must be client_credentials"}
+            return 400, {"error": "unsupported_grant_type",
+                         "message": "grant_type must be client_credentials"}
         if form.get("client_id") != self.client_id or form.get("client_secret") != self.client_secret:
             return 401, {"error": "invalid_client", "message": "invalid client credentials"}
         token = secrets.token_hex(16)
@@ -594,6 +596,7 @@ def _http_handler(standin: KickStandin) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             url = urlsplit(self.path)
+            obj: dict[str, Any] | None
             if method == "POST" and url.path == "/oauth/token":
                 status, obj = standin._token(body)
             else:

@@ -270,7 +270,8 @@ def pusher_lucky_users(account_id: int, d: Mapping[str, Any], received_at: datet
         raise BadFrame("shape", "data.usernames missing or not a list")
     # The channel object repeats the whole channel record: only its id is kept.
     payload = {"usernames": names, "gifter_username": d.get("gifter_username"),
-               "channel_id": _obj(d.get("channel")).get("id"), "seen_as": "LuckyUsersWhoGotGiftSubscriptionsEvent"}
+               "channel_id": _obj(d.get("channel")).get("id"),
+               "seen_as": "LuckyUsersWhoGotGiftSubscriptionsEvent"}
     return [_gift(account_id, payload, _text(d.get("gifter_username")), names, received_at, bucket_secs)]
 
 

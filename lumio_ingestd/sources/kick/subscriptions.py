@@ -83,7 +83,7 @@ class KickSubscriptions(Worker):
     def sync(self) -> tuple[int, int]:
         """One pass: list, create what is missing, delete what is not wanted; (created, deleted)."""
         have: dict[tuple[str, str], list[str]] = {}
-        for sub in self.list():
+        for sub in self.list_subscriptions():
             key = (str(sub.get("broadcaster_user_id")), str(sub.get("event")))
             have.setdefault(key, []).append(str(sub.get("id")))
         created = 0
@@ -104,7 +104,7 @@ class KickSubscriptions(Worker):
         self.metrics.source_subscriptions.labels(PLATFORM, "deleted").inc(len(unwanted))
         return created, len(unwanted)
 
-    def list(self) -> list[dict[str, Any]]:
+    def list_subscriptions(self) -> list[dict[str, Any]]:
         result = self._call("GET", PATH)
         obj = result.json()
         data = obj.get("data") if isinstance(obj, dict) else None
