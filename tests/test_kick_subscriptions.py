@@ -88,10 +88,11 @@ def test_refused_calls_are_logged_with_kicks_message_retried_and_a_401_renews_th
 
 def test_build_kick_runs_the_manager_only_when_asked_and_on_shard_0(tmp_path: Path, fake: FakeKick) -> None:
     (tmp_path / "secret").write_text(fake.client_secret)
-    base: dict[str, dict[str, object]] = {"kick": {"api_url": fake.api_url, "oauth_url": fake.oauth_url, "client_id": fake.client_id,
-                     "client_secret_file": tmp_path / "secret", "pusher_url": fake.pusher_url},
-            "account.1": {"kick_broadcaster_user_id": "100", "kick_chatroom_id": "7"},
-            "account.2": {"kick_broadcaster_user_id": "200"}}
+    base: dict[str, dict[str, object]] = {
+        "kick": {"api_url": fake.api_url, "oauth_url": fake.oauth_url, "client_id": fake.client_id,
+                 "client_secret_file": tmp_path / "secret", "pusher_url": fake.pusher_url},
+        "account.1": {"kick_broadcaster_user_id": "100", "kick_chatroom_id": "7"},
+        "account.2": {"kick_broadcaster_user_id": "200"}}
 
     def parts(**sections: dict[str, object]) -> KickParts:
         merged = {k: dict(v) for k, v in base.items()}
