@@ -208,7 +208,8 @@ class KickStandin:
         self.api_status: dict[str, int] = {}  # "METHOD" -> forced error status (then cleared? no: kept)
         self._live: dict[str, dict[str, Any]] = {}
         self._tokens: set[str] = set()
-        self._lock = threading.Lock()
+        # Re-entrant: a wait_for() predicate may call methods that take it.
+        self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._socket_ids = itertools.count(1)
         self._ws: Server | None = None
