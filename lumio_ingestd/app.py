@@ -123,13 +123,18 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .seventv.store import SetStateStore
     from .sources import SourceDeps, build_sources
     from .sources.jetstream import build_jetstream
-    from .sources.kick import build_kick
+    from .sources.kick import build_kick, webhook_key
     from .sources.kick.signature import KeyFormatError
     from .sources.seventv import build_seventv
     from .sources.streamelements import build_streamelements
     from .sources.twitch import build_twitch
     from .spool import Spool, SpoolError, SpoolReplayer
 
+    # Checked before anything is opened: a bad key file is a configuration error.
+    try:
+        kick_key = webhook_key(cfg)
+    except KeyFormatError as exc:
+        raise StartupError(str(exc), exitcodes.CONFIG) from exc
     parts = Parts()
     spool = Spool(cfg.daemon.state_dir / "spool", cfg.daemon.spool_max_bytes, metrics)
     try:
@@ -166,13 +171,9 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
                                           alerts=alerts)
     # Kick (issue 12): a Pusher source per account of this shard; the webhook route always.
-    try:
-        kick = build_kick(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "kick"),
-                          chat_queue=lambda name: ChatQueue(chat, metrics),
-                          chat=chat.buffer_or_persist, persist_event=events.persist_event,
-                          alerts=alerts)
-    except KeyFormatError as exc:
-        raise StartupError(str(exc), exitcodes.CONFIG) from exc
+    kick = build_kick(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "kick"),
+                      chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
+                      persist_event=events.persist_event, alerts=alerts, key=kick_key)
     parts.sources += kick.sources
     kick.add_routes(parts.routes)
     parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,

@@ -62,11 +62,12 @@ def webhook_key(cfg: Config) -> RsaPublicKey:
 def build_kick(cfg: Config, metrics: Metrics, *, sessions: StreamSessions, seen: SeenDeliveries,
                chat_queue: Callable[[str], ChatQueueLike], chat: Callable[[ChatMessage], str],
                persist_event: Callable[[PlatformEvent], PersistResult],
-               alerts: Alerts | None) -> KickParts:
+               alerts: Alerts | None, key: RsaPublicKey | None = None) -> KickParts:
+    """Raises KeyFormatError when `key` is not given and the configured key file is unusable."""
     sink = EventSink(persist_event, alerts=alerts, sessions=sessions)
     parts = KickParts()
     accounts = {a.kick_broadcaster_user_id: a.account_id for a in cfg.accounts if a.kick_broadcaster_user_id}
-    parts.webhook = KickWebhook(webhook_key(cfg), accounts, sink, chat, seen, metrics,
+    parts.webhook = KickWebhook(key or webhook_key(cfg), accounts, sink, chat, seen, metrics,
                                 max_age_secs=cfg.kick.webhook_max_age_secs)
     shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count
     for account in cfg.accounts:
