@@ -205,7 +205,7 @@ class KickStandin:
         self.api_requests: list[tuple[str, str, int]] = []  # (method, path, status)
         self.deliveries: list[tuple[str, str, int]] = []  # (message id, event type, status)
         self.tokens_issued = 0
-        self.api_status: dict[str, int] = {}  # "METHOD" -> forced error status (then cleared? no: kept)
+        self.api_status: dict[str, int] = {}  # "METHOD" -> forced error status, until removed
         self._live: dict[str, dict[str, Any]] = {}
         self._tokens: set[str] = set()
         # Re-entrant: a wait_for() predicate may call methods that take it.
