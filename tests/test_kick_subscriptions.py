@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from harness.servers import wait_until
 from lumio_ingestd.config import Secret
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.apptoken import AppToken
+from lumio_ingestd.sources.httpclient import request
 from lumio_ingestd.sources.kick import KickParts, build_kick
 from lumio_ingestd.sources.kick.subscriptions import EVENTS, KickSubscriptions
 from support import make_config
@@ -114,3 +116,27 @@ def test_build_kick_runs_the_manager_only_when_asked_and_on_shard_0(tmp_path: Pa
     assert shard1.subscriptions is None and len(shard1.sources) == 1
     shard0 = parts(kick={"manage_webhooks": "true"}, daemon={"shard": "0/2"})
     assert shard0.subscriptions is not None and shard0.sources == []
+
+
+def test_the_stand_ins_livestreams_endpoint_follows_set_live_and_set_offline(fake: FakeKick) -> None:
+    """What the stream-status poller reads through the stand-in (the app token is required)."""
+    token = AppToken(fake.oauth_url + "/oauth/token", fake.client_id, Secret(fake.client_secret))
+
+    def live(broadcaster: str) -> tuple[int, Any]:
+        result = request("GET", f"{fake.api_url}/livestreams?broadcaster_user_id={broadcaster}",
+                         headers={"Authorization": f"Bearer {token.get()}"}, timeout=5)
+        return result.status, result.json()
+
+    started = datetime(2026, 1, 5, 20, 0, 7, tzinfo=UTC)
+    fake.set_live("100", viewers=42, title="hello", category="Just Chatting", started_at=started)
+    status, body = live("100")
+    assert status == 200
+    [stream] = body["data"]
+    assert (stream["broadcaster_user_id"], stream["viewer_count"], stream["stream_title"],
+            stream["category"]["name"], stream["started_at"]) == (100, 42, "hello", "Just Chatting",
+                                                                 "2026-01-05T20:00:07Z")
+    assert live("200") == (200, {"data": [], "message": "OK"})
+    fake.set_offline("100")
+    assert live("100")[1]["data"] == []
+    no_token = request("GET", f"{fake.api_url}/livestreams?broadcaster_user_id=100", headers={}, timeout=5)
+    assert no_token.status == 401
