@@ -15,7 +15,10 @@ lumio_ingestd.devservers, and the Twitch stand-in in a child process):
     the synthetic source running (bench_daemon.py);
 (d) memory per idle source socket, 500 TwitchSource threads with their
     sessions open (bench_sockets.py, in a child process of its own: this
-    process's heap, grown and freed by (a)-(c), would hide part of the cost).
+    process's heap, grown and freed by (a)-(c), would hide part of the cost);
+(e) Kick chat, Pusher frames on loopback to committed rows through one
+    KickSource socket, beside the single-thread parse rate of the same
+    frames (bench_kick.py, the stand-in Kick in a child process).
 
 Progress goes to standard error. `--quick` makes every part small (a smoke
 run, not figures to quote). Not a test: nothing here asserts a speed.
@@ -38,6 +41,7 @@ from typing import Any
 
 import bench_daemon  # noqa: E402
 import bench_events  # noqa: E402
+import bench_kick  # noqa: E402
 import bench_wire  # noqa: E402
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
@@ -46,11 +50,13 @@ from lumio_ingestd.devservers import find_pg_bindir, find_redis_server  # noqa: 
 FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naive": 5_000},
         "events": {"events": 2000, "down": 200, "blackhole": 3, "replay": 5000},
         "daemon": {"rates": (0.0, 2000.0, 5000.0), "runs": 3, "load_secs": 3.0},
-        "sockets": {"sockets": 500, "wave": 50}}
+        "sockets": {"sockets": 500, "wave": 50},
+        "kick": {"messages": 20_000, "runs": 3}}
 QUICK: dict[str, dict[str, Any]] = {"wire": {"messages": 5_000, "runs": 1, "naive": 500},
          "events": {"events": 200, "down": 20, "blackhole": 1, "replay": 500},
          "daemon": {"rates": (0.0, 2000.0), "runs": 1, "load_secs": 1.0},
-         "sockets": {"sockets": 50, "wave": 50}}
+         "sockets": {"sockets": 50, "wave": 50},
+         "kick": {"messages": 2_000, "runs": 1}}
 
 
 def _version(cmd: list[str]) -> str:
@@ -94,7 +100,7 @@ def _timed(label: str, fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any]
 
 
 def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
-          d: dict[str, Any]) -> list[tuple[str, str]]:
+          d: dict[str, Any], e: dict[str, Any]) -> list[tuple[str, str]]:
     med = a["median"]
     rows = [
         ("(a) chat: WebSocket frames -> committed rows", f"{med['end_to_end']:,.0f} msg/s"),
@@ -129,6 +135,9 @@ def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
     rows += [
         (f"(d) RSS per idle source socket ({d['sockets']} open)", f"{d['rss_per_socket_kib']:.1f} KiB"),
         ("    threads per source socket", f"{d['threads_per_socket']:.2f}"),
+        ("(e) Kick chat: Pusher frames -> committed rows", f"{e['median']['end_to_end']:,.0f} msg/s"),
+        ("    parse + map of the same frames, one thread", f"{e['median']['parse']:,.0f} msg/s"),
+        ("    end to end / parse", f"{e['ratio_end_to_end_to_parse']:.2f}"),
     ]
     return rows
 
@@ -145,7 +154,8 @@ def main() -> int:
     b, tb = _timed("(b) event durability", lambda: bench_events.run(**sizes["events"]))
     c, tc = _timed("(c) shutdown drain", lambda: bench_daemon.run(**sizes["daemon"]))
     d, td = _timed("(d) idle sockets", lambda: idle_sockets(**sizes["sockets"]))
-    rows = table(a, b, c, d)
+    e, te = _timed("(e) Kick chat end to end", lambda: bench_kick.run(**sizes["kick"]))
+    rows = table(a, b, c, d, e)
     total = time.monotonic() - started
 
     print(f"lumio-ingestd benchmarks: {info['nproc']} CPUs ({info['cpu_model']}), {info['ram_gib']} GiB RAM, "
@@ -160,9 +170,11 @@ def main() -> int:
     out = ROOT / "bench" / "results" / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "machine": info, "quick": args.quick, "seconds": {"a": ta, "b": tb, "c": tc, "d": td, "total": total},
+        "machine": info, "quick": args.quick,
+        "seconds": {"a": ta, "b": tb, "c": tc, "d": td, "e": te, "total": total},
         "table": [{"measure": label.strip(), "result": value} for label, value in rows],
         "a_chat_end_to_end": a, "b_events": b, "c_shutdown": c, "d_idle_sockets": d,
+        "e_kick_chat": e,
     }, indent=2) + "\n")
     print(f"written to {out.relative_to(ROOT)}")
     return 0

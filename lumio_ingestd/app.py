@@ -123,11 +123,18 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .seventv.store import SetStateStore
     from .sources import SourceDeps, build_sources
     from .sources.jetstream import build_jetstream
+    from .sources.kick import build_kick, webhook_key
+    from .sources.kick.signature import KeyFormatError
     from .sources.seventv import build_seventv
     from .sources.streamelements import build_streamelements
     from .sources.twitch import build_twitch
     from .spool import Spool, SpoolError, SpoolReplayer
 
+    # Checked before anything is opened: a bad key file is a configuration error.
+    try:
+        kick_key = webhook_key(cfg)
+    except KeyFormatError as exc:
+        raise StartupError(str(exc), exitcodes.CONFIG) from exc
     parts = Parts()
     spool = Spool(cfg.daemon.state_dir / "spool", cfg.daemon.spool_max_bytes, metrics)
     try:
@@ -163,6 +170,12 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     # StreamElements tips and activities (issue 13): one Astro socket per account.
     parts.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
                                           alerts=alerts)
+    # Kick (issue 12): a Pusher source per account of this shard; the webhook route always.
+    kick = build_kick(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "kick"),
+                      chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
+                      persist_event=events.persist_event, alerts=alerts, key=kick_key)
+    parts.sources += kick.sources
+    kick.add_routes(parts.routes)
     parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
                                                      metrics), max_body_bytes=EMIT_MAX_BODY)
     parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))
@@ -184,6 +197,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         RetentionWorker(pool, cfg, metrics),
         StartupBackfill(cfg, metrics),
     ]
+    if kick.subscriptions is not None:
+        parts.timers.append(kick.subscriptions)
     parts.probe = ReadinessProbe(client, pool, metrics)
     return parts
 

@@ -76,7 +76,7 @@ def _assert_nothing_left(summary: dict[str, Any]) -> None:
     assert _processes_naming(tmpdir) == [], "processes of the demo are still running"
     assert not Path(f"/proc/{run['daemon']['pid']}").exists(), "the daemon is still there"
     assert set(run["ports"]) >= {"redis", "postgres", "twitch_ws", "twitch_http", "jetstream", "http",
-                                 "metrics"}
+                                 "metrics", "kick_ws", "kick_http"}
     assert _open_ports(run["ports"]) == []
 
 
@@ -106,9 +106,15 @@ def test_demo_ingests_realistic_traffic_exactly_once_and_leaves_nothing_running(
     assert summary["events_sent_by_type"]["tip"] >= 1
     # A few hundred chat messages per second for 15 s, bursts included.
     assert summary["chat"]["sent"] > 15 * 150
-    # One gift bomb of five per ten-second cycle: five recipients linked to each.
+    # One gift bomb of five per ten-second cycle: five recipients linked to each; on Kick a gift of
+    # three per cycle, one event with its three recipients.
     gifts = summary["events_sent_by_type"]["channel.subscription.gift"]
-    assert summary["gift_recipients"] == 5 * gifts
+    kick_gifts = summary["events_sent_by_type"].get("channel.subscription.gifts", 0)
+    assert kick_gifts >= 1
+    assert summary["gift_recipients"] == 5 * gifts + 3 * kick_gifts
+    # Kick: chat over the socket and webhooks, events over both.
+    assert {"StreamHostEvent", "channel.followed", "kicks.gifted",
+            "livestream.status.updated"} <= set(summary["events_sent_by_type"])
     # Every event and every new Bluesky post went out as a live alert, once.
     alerts = summary["alerts"]
     assert {k: v for k, v in alerts.items() if k != "bluesky.post"} == summary["events_sent_by_type"]

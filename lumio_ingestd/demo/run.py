@@ -107,6 +107,7 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
     cleanup.callback(daemon.kill)  # only does anything when the normal stop did not happen
     daemon.start()
     http_port, metrics_port = daemon.wait_listening(READY_TIMEOUT_SECS)
+    stack.kick.webhook_url = f"http://127.0.0.1:{http_port}/webhooks/kick"
     console.notice(f"the daemon runs as pid {daemon.pid} (http 127.0.0.1:{http_port}, metrics "
                    f"http://127.0.0.1:{metrics_port}/metrics); its log is {daemon.log_path}")
     if not wait_until(lambda: _sources_ready(stack) or not daemon.alive, READY_TIMEOUT_SECS, 0.1) \
@@ -114,8 +115,9 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
         raise DaemonFailed(f"the daemon's sources did not connect and subscribe within "
                            f"{READY_TIMEOUT_SECS:.0f}s; its log {daemon.log_path} ends with:\n"
                            f"{daemon.log_tail()}")
-    console.notice("both Twitch sources are subscribed (11 EventSub types each); Jetstream is connected; "
-                   "both 7TV emote sets are followed")
+    console.notice("both Twitch sources are subscribed (11 EventSub types each); the Kick source is "
+                   "subscribed (chatroom and channel); Jetstream is connected; both 7TV emote sets are "
+                   "followed")
 
     listener = AlertListener(stack.redis.client(), metrics)
     listener.start()
@@ -128,7 +130,8 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
     tips = (lambda rng: se.DemoTips(astro, [a.account_id for a in stack.accounts], rng)) \
         if astro is not None else None
     traffic = Traffic(stack.twitch, stack.jetstream, stack.accounts, opts.rate, metrics, console.notice,
-                      tips=tips, seventv=stack.seventv)
+                      tips=tips, seventv=stack.seventv, kick=stack.kick,
+                      kick_channel=stack.kick_channel)
     chaos = None
     if opts.chaos:
         start_at = max(3.0, opts.duration * 0.3) if opts.duration else CHAOS_AT_SECS_UNBOUNDED
@@ -179,6 +182,7 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
         "ports": {"redis": stack.redis.port, "postgres": stack.pg.port, "twitch_ws": stack.twitch.ws_port,
                   "twitch_http": stack.twitch.http_port, "jetstream": stack.jetstream.port,
                   **({"astro": stack.astro.port} if stack.astro is not None else {}),
+                  "kick_ws": stack.kick.ws_port, "kick_http": stack.kick.http_port,
                   "http": http_port, "metrics": metrics_port},
     })
     for line in render(summary):
@@ -192,9 +196,9 @@ def _intro(opts: Options, console: Console, root: Path) -> None:
     until = f"for {opts.duration:g}s (Ctrl-C ends it sooner)" if opts.duration else "until you press Ctrl-C"
     console.print("lumio-ingestd demo: the whole pipeline on this machine, with nothing configured.")
     console.print(f"  working directory {root} ({'kept' if opts.keep else 'removed'} at the end)")
-    console.print(f"  traffic {until}: about {opts.rate:g} chat messages/s across two Twitch channels, "
-                  "follows, subs, resubs, cheers, a gift bomb, channel points, a raid, Bluesky posts, "
-                  "StreamElements tips, 7TV emote changes")
+    console.print(f"  traffic {until}: about {opts.rate:g} chat messages/s across two Twitch channels "
+                  "and a Kick channel (socket and webhooks), follows, subs, resubs, cheers, gifts, "
+                  "channel points, a raid, a host, Bluesky posts, StreamElements tips, 7TV emote changes")
     if opts.chaos:
         console.print(f"  --chaos: PostgreSQL is stopped for {CHAOS_DOWN_SECS:g}s mid-run; watch events "
                       "park in Redis and replay when it is back")
@@ -211,6 +215,9 @@ def _sources_ready(stack: Stack) -> bool:
     if seventv is not None and not all(
             seventv.subscribed("emote_set.update", a.emote_set_id) for a in stack.accounts if a.emote_set_id):
         return False  # subscribed = the set's baseline is stored: changes from now on are events
+    k = stack.kick_channel
+    if not stack.kick.subscribed(k.chat_channel) or not stack.kick.subscribed(k.event_channel):
+        return False
     return len(stack.jetstream.connections) >= 1
 
 

@@ -31,6 +31,7 @@ from ..config import Config, load
 from ..db.migrate import migrate
 from ..devservers import PostgresServer, RedisServer
 from ..standins.jetstream import JetstreamStandin
+from ..standins.kick import KickStandin
 from ..standins.seventv import SevenTvStandin
 from ..standins.streamelements import AstroStandin
 from ..standins.twitch import TwitchStandin
@@ -67,6 +68,28 @@ START_EMOTES = {"01JDEMOEMOTE00000000000001": "peepoHappy", "01JDEMOEMOTE0000000
                 "01JDEMOEMOTE00000000000003": "Clap"}
 
 
+@dataclass(frozen=True)
+class DemoKick:
+    """The demo's Kick channel, beside account 1's Twitch channel."""
+
+    account_id: int
+    broadcaster_user_id: int
+    username: str
+    chatroom_id: int
+    channel_id: int
+
+    @property
+    def chat_channel(self) -> str:
+        return f"chatrooms.{self.chatroom_id}.v2"
+
+    @property
+    def event_channel(self) -> str:
+        return f"channel.{self.channel_id}"
+
+
+KICK = DemoKick(1, 700001, "lumio_demo_kick", 800001, 900001)
+
+
 @dataclass
 class Stack:
     root: Path
@@ -76,9 +99,11 @@ class Stack:
     jetstream: JetstreamStandin
     config_path: Path
     cfg: Config
+    kick: KickStandin
     seventv: SevenTvStandin | None = None
     accounts: tuple[DemoAccount, ...] = ACCOUNTS
     astro: AstroStandin | None = None  # the stand-in StreamElements Astro gateway
+    kick_channel: DemoKick = KICK
 
     @property
     def database_url(self) -> str:
@@ -111,16 +136,21 @@ def start_stack(root: Path, cleanup: ExitStack, notice: Callable[[str], None]) -
         seventv.add_set(account.emote_set_id, START_EMOTES)
         seventv.add_user(account.seventv_user_id, twitch_id=account.twitch_user_id,
                          set_id=account.emote_set_id, username=account.login)
+    kick = KickStandin(client_id="lumio-demo-kick")
+    cleanup.callback(kick.close)
+    kick.start()
     notice(f"started the stand-in Twitch (EventSub ws://127.0.0.1:{twitch.ws_port}, Helix and OAuth "
            f"on port {twitch.http_port}), the stand-in Jetstream (port {jetstream.port}), the "
-           f"stand-in StreamElements Astro gateway (port {astro.port}) and the stand-in 7TV "
-           f"(EventAPI port {seventv.ws_port}, REST port {seventv.http_port})")
+           f"stand-in StreamElements Astro gateway (port {astro.port}), the stand-in 7TV "
+           f"(EventAPI port {seventv.ws_port}, REST port {seventv.http_port}) and the stand-in Kick "
+           f"(Pusher port {kick.ws_port}, API port {kick.http_port})")
 
-    config_path = write_config(root, redis_server, pg, twitch, jetstream, astro, seventv)
+    config_path = write_config(root, redis_server, pg, twitch, jetstream, astro, seventv, kick=kick)
     cfg = load(str(config_path), {})
     applied = migrate(cfg.timescale)
     notice(f"database {DATABASE!r} migrated ({len(applied)} migrations); configuration {config_path}")
-    return Stack(root, redis_server, pg, twitch, jetstream, config_path, cfg, seventv=seventv, astro=astro)
+    return Stack(root, redis_server, pg, twitch, jetstream, config_path, cfg, kick, seventv=seventv,
+                 astro=astro)
 
 
 def _secret(directory: Path, name: str, text: str) -> Path:
@@ -132,13 +162,15 @@ def _secret(directory: Path, name: str, text: str) -> Path:
 
 def write_config(root: Path, redis_server: RedisServer, pg: PostgresServer, twitch: TwitchStandin,
                  jetstream: JetstreamStandin, astro: AstroStandin | None = None,
-                 seventv: SevenTvStandin | None = None) -> Path:
+                 seventv: SevenTvStandin | None = None, *, kick: KickStandin) -> Path:
     """A complete configuration for the daemon, with short intervals so the demo moves quickly."""
     secrets = root / "secrets"
     secrets.mkdir(mode=0o700)
     client_secret = _secret(secrets, "twitch_client_secret", twitch.client_secret)
     webhook_secret = _secret(secrets, "twitch_webhook_secret", "lumio-demo-webhook-secret")
     emit_token = _secret(secrets, "emit_token", "lumio-demo-emit-token")
+    # The stand-in Kick signs its webhooks with its own key pair, not Kick's.
+    kick_key = _secret(secrets, "kick_webhook_public_key.pem", kick.public_pem())
     account_sections = []
     se_section, se_lines = se.config_text(astro, secrets, [a.account_id for a in ACCOUNTS]) \
         if astro is not None else ("", {})
@@ -149,7 +181,10 @@ def write_config(root: Path, redis_server: RedisServer, pg: PostgresServer, twit
             f"[account.{account.account_id}]\n"
             f"twitch_user_id = {account.twitch_user_id}\n"
             f"twitch_token_file = {token}\n"
-            f"bluesky_did = {account.did}\n" + se_lines.get(account.account_id, ""))
+            f"bluesky_did = {account.did}\n" + se_lines.get(account.account_id, "")
+            + (f"kick_broadcaster_user_id = {KICK.broadcaster_user_id}\n"
+               f"kick_chatroom_id = {KICK.chatroom_id}\n"
+               f"kick_channel_id = {KICK.channel_id}\n" if account.account_id == KICK.account_id else ""))
     text = f"""\
 # Written by `lumio-ingestd demo`: the daemon against private servers and stand-ins.
 # Intervals are short so that a flush, a replay or a drain happens while you watch.
@@ -193,6 +228,12 @@ client_id = {twitch.client_id}
 client_secret_file = {client_secret}
 webhook_secret_file = {webhook_secret}
 keepalive_timeout_secs = 10
+
+[kick]
+pusher_url = {kick.pusher_url}
+api_url = {kick.api_url}
+oauth_url = {kick.oauth_url}
+webhook_public_key_file = {kick_key}
 
 [jetstream]
 url = {jetstream.url}

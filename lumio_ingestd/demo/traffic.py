@@ -16,7 +16,12 @@ and whatever the timeline holds for the current half second:
   filter keeps out) in between;
 - on 7TV, twice a cycle, an emote added to one account's emote set, renamed,
   or removed (in turn), made through the stand-in's "website" and dispatched
-  on the EventAPI: each is one `emote.*` event.
+  on the EventAPI: each is one `emote.*` event;
+- on Kick (account 1's Kick channel): a fifth of the chat, every fifth Kick
+  message also delivered as a signed `chat.message.sent` webhook with the
+  same id (stored once: counted once); over the Pusher socket a sub, a gift
+  of three (one event, three recipients) and a host per cycle, and as
+  webhooks a follow and a kicks gift; live at the start, offline at the end.
 
 A notification counts as sent only when the stand-in put it on an open
 session; one refused there (no session at that moment) is counted apart and
@@ -38,15 +43,19 @@ from typing import Any
 from ..metrics import Metrics
 from ..standins import twitch_events as te
 from ..standins.jetstream import JetstreamStandin, StandinEvent, commit, tid
+from ..standins.kick import KickStandin, pusher_chat, user, webhook_chat
 from ..standins.seventv import SevenTvStandin
 from ..standins.twitch import StandinError, TwitchStandin
 from ..worker import Worker
-from .stack import LIKE, POST, DemoAccount
+from .stack import LIKE, POST, DemoAccount, DemoKick
 from .streamelements import DemoTips
 
 TICK_SECS = 0.1
 CYCLE_BEATS = 20  # half seconds: a ten-second cycle
 GIFT_BOMB_SIZE = 5
+KICK_CHAT_SHARE = 0.2
+KICK_WEBHOOK_EVERY = 5  # every fifth Kick chat message also arrives as a webhook
+KICK_GIFT_SIZE = 3
 RAID_BURST_SECS = 2.0
 RAID_BURST_FACTOR = 3.0
 
@@ -95,8 +104,12 @@ class Traffic(Worker):
                  accounts: tuple[DemoAccount, ...], rate: float, metrics: Metrics,
                  notice: Callable[[str], None], *, seed: int | None = None,
                  tips: Callable[[random.Random], DemoTips] | None = None,
-                 seventv: SevenTvStandin | None = None) -> None:
+                 seventv: SevenTvStandin | None = None,
+                 kick: KickStandin | None = None, kick_channel: DemoKick | None = None) -> None:
         super().__init__("demo-traffic", metrics)
+        self._kick = kick if kick_channel is not None else None
+        self._kick_channel = kick_channel
+        self._kick_chat = 0
         self._twitch = twitch
         self._jetstream = jetstream
         self._accounts = accounts
@@ -138,7 +151,12 @@ class Traffic(Worker):
         if self._live:
             for account in self._accounts:
                 self._notify(account, "stream.offline", te.offline_event(**self._channel(account)))
-            self._notice("both channels went offline (stream.offline)")
+            if self._kick is not None and self._kick_channel is not None:
+                k = self._kick_channel
+                stream = {"id": 1, "channel": {"id": k.channel_id, "is_banned": False}}
+                self._kick_socket(k.event_channel, "StopStreamBroadcast", "livestream.status.updated",
+                                  {"livestream": stream})
+            self._notice("the channels went offline (stream.offline, StopStreamBroadcast)")
 
     # -- chat ----------------------------------------------------------------------------------
 
@@ -148,6 +166,9 @@ class Traffic(Worker):
         n = int(due)
         self._carry = due - n
         for _ in range(n):
+            if self._kick is not None and self._rng.random() < KICK_CHAT_SHARE:
+                self._kick_chat_message()
+                continue
             account = self._accounts[0 if self._rng.random() < 0.6 or len(self._accounts) == 1 else 1]
             chatter = str(200_000 + self._rng.randrange(3000))
             body = te.chat_event(str(uuid.uuid4()), self._rng.choice(_CHAT_LINES), chatter,
@@ -161,8 +182,13 @@ class Traffic(Worker):
         for account in self._accounts:
             self._notify(account, "stream.online", te.online_event(
                 str(self._rng.randrange(10**10, 10**11)), te.now_text(), **self._channel(account)))
+        if self._kick is not None and self._kick_channel is not None:
+            k = self._kick_channel
+            self._kick_socket(k.event_channel, "StreamerIsLive", "livestream.status.updated", {"livestream": {
+                "id": self._rng.randrange(10**6, 10**7), "channel_id": k.channel_id,
+                "session_title": "demo on Kick", "created_at": te.now_text()}})
         self._live = True
-        self._notice("both channels went live (stream.online); chat is flowing")
+        self._notice("the channels went live (stream.online, StreamerIsLive); chat is flowing")
 
     def _play(self, beat: int, now: float) -> None:
         cycle, step = divmod(beat, CYCLE_BEATS)
@@ -203,6 +229,8 @@ class Traffic(Worker):
                          version="2")
         elif step == 3 and self._tips is not None:
             self._tips.play(cycle, lambda ev_type: self._counts.add(event=ev_type), self._notice)
+        elif step in (7, 9, 11, 13):
+            self._kick_event(step, cycle)
         self._bluesky(beat, self._accounts[(beat // 2) % len(self._accounts)])
 
     def _gift_bomb(self, account: DemoAccount, gifter: str) -> None:
@@ -214,6 +242,78 @@ class Traffic(Worker):
             self._notify(account, "channel.subscribe",
                          te.sub_event(recipient, is_gift=True, **self._channel(account)))
         self._notice(f"gift bomb: user{gifter} gifts {GIFT_BOMB_SIZE} subs to {account.login}")
+
+    # -- Kick --------------------------------------------------------------------------------------
+
+    def _kick_chat_message(self) -> None:
+        assert self._kick is not None and self._kick_channel is not None
+        k = self._kick_channel
+        self._kick_chat += 1
+        mid = str(uuid.uuid4())
+        text = self._rng.choice(_CHAT_LINES)
+        sender = 600_000 + self._rng.randrange(3000)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # one time for both paths
+        got = self._kick.publish(k.chat_channel, "ChatMessageEvent", pusher_chat(
+            k.chatroom_id, mid, text, sender_id=sender, username=f"kviewer{sender}",
+            created_at=stamp.replace("Z", "+00:00"))) > 0
+        if self._kick_chat % KICK_WEBHOOK_EVERY == 0:
+            status, _ = self._kick.send_webhook("chat.message.sent", webhook_chat(
+                (k.broadcaster_user_id, k.username), mid, text, sender_id=sender,
+                username=f"kviewer{sender}", created_at=stamp))
+            got = got or status == 200
+        if got:
+            self._counts.add(chat=1)
+        else:
+            self._counts.add(refused=1)
+
+    def _kick_event(self, step: int, cycle: int) -> None:
+        if self._kick is None or self._kick_channel is None:
+            return
+        k = self._kick_channel
+        if step == 9:
+            months = self._rng.randrange(1, 24)
+            kind = "channel.subscription.renewal" if months > 1 else "channel.subscription.new"
+            self._kick_socket(k.chat_channel, "SubscriptionEvent", kind, {
+                "chatroom_id": k.chatroom_id, "username": f"kick_fan_{cycle}", "months": months})
+        elif step == 7:
+            giftees = [f"lucky_{cycle}_{i}" for i in range(KICK_GIFT_SIZE)]
+            if self._kick_socket(k.chat_channel, "GiftedSubscriptionsEvent", "channel.subscription.gifts", {
+                    "chatroom_id": k.chatroom_id, "gifted_usernames": giftees,
+                    "gifter_username": f"kick_gifter_{cycle}", "gifter_total": KICK_GIFT_SIZE}):
+                self._notice(f"Kick gift: kick_gifter_{cycle} gifts {KICK_GIFT_SIZE} subs to {k.username}")
+        elif step == 11:
+            self._kick_socket(k.chat_channel, "StreamHostEvent", "StreamHostEvent", {
+                "chatroom_id": k.chatroom_id, "optional_message": None,
+                "number_viewers": self._rng.randrange(5, 200), "host_username": f"kick_host_{cycle}"})
+        elif step == 13:
+            broadcaster = user(k.broadcaster_user_id, k.username)
+            follower = user(650_000 + cycle, f"kick_follower_{cycle}")
+            self._kick_webhook("channel.followed", {"broadcaster": broadcaster, "follower": follower})
+            self._kick_webhook("kicks.gifted", {
+                "broadcaster": broadcaster, "sender": user(660_000 + cycle, f"kick_tipper_{cycle}"),
+                "gift": {"amount": 100, "name": "Full Send", "type": "BASIC", "tier": "BASIC",
+                         "message": f"gg {cycle}", "pinned_time_seconds": 0},
+                "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z")})
+
+    def _kick_socket(self, channel: str, event: str, stored_as: str, data: Mapping[str, Any]) -> bool:
+        assert self._kick is not None
+        if self._kick.publish(channel, event, dict(data)) > 0:
+            self._counts.add(event=stored_as)
+            return True
+        self._counts.add(refused=1)
+        return False
+
+    def _kick_webhook(self, event_type: str, body: Mapping[str, Any]) -> bool:
+        assert self._kick is not None
+        try:
+            status, _ = self._kick.send_webhook(event_type, dict(body))
+        except OSError:
+            status = 0
+        if status == 200:
+            self._counts.add(event=event_type)
+            return True
+        self._counts.add(refused=1)
+        return False
 
     def _bluesky(self, beat: int, account: DemoAccount) -> None:
         if beat % 2 == 0:

@@ -1,0 +1,312 @@
+"""`KickSource`: one account's Pusher socket (Kick's chat WebSocket), one thread.
+
+Pusher protocol 7 (PROTOCOLS.md 4.1): the server opens with
+`pusher:connection_established` (its `activity_timeout`); the source then
+subscribes to `chatrooms.<kick_chatroom_id>.v2` and, when configured,
+`channel.<kick_channel_id>`, at once and again after every reconnect (Kick
+replays nothing: what is sent while the socket is down is not ours, the
+webhooks are the second path for it). One socket per account: the Source
+base's reconnect, backoff and stop rules then hold per account, and one
+channel's trouble (a 4xxx close, a slow reader) does not cut the others.
+
+Keepalive: any frame proves the connection alive. After `min(server
+activity_timeout, activity_max_secs)` of silence the source sends
+`pusher:ping`; no `pusher:pong` (or any other frame) within
+`pong_timeout_secs` is a dead connection, closed and replaced. A server
+`pusher:ping` is answered with `pusher:pong`.
+
+Close codes (a close frame, or a `pusher:error` with a code):
+
+    4000-4099  the server refuses this client (app key, quota, protocol):
+               a configuration problem, logged as an error, reconnect after
+               `config_backoff_secs`
+    4100-4199  over capacity: reconnect with the usual backoff (>= 1 s)
+    4200-4299  reconnect at once (generic, pong missed, closed for inactivity)
+    anything else: the usual backoff
+
+Chat goes to the source's `ChatQueue` (handed to Redis in small batches);
+events go through the shared `EventSink` (persist_event, live alert,
+stream_sessions) one at a time. Durable when the source has stopped:
+`release()` handed the chat queue to Redis (or the database, or the spool);
+every event was persisted (stored, parked or spooled) before the next frame
+was read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from ...config import AccountConfig, KickConfig
+from ...metrics import Metrics
+from ...model import ChatMessage
+from ..base import Source, SourceClosed
+from ..sink import EventSink
+from ..ws import Binary, WsClosed, WsConnection
+from .mapping import BUCKET_SECS, PLATFORM, BadFrame, interpret
+
+log = logging.getLogger(__name__)
+
+ACTIVITY_MAX_SECS = 120.0
+PONG_TIMEOUT_SECS = 30.0
+CONFIG_BACKOFF_SECS = 300.0
+
+
+class ChatQueueLike(Protocol):
+    def add(self, msg: ChatMessage, now: float | None = None) -> None: ...
+
+    def poll(self, now: float | None = None) -> None: ...
+
+    def drain(self) -> object: ...
+
+
+class PusherClosed(SourceClosed):
+    def __init__(self, code: int | None, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
+def close_class(code: int | None) -> str:
+    """How a Pusher close or error code is handled: "config", "backoff", "retry" or "other"."""
+    if code is None:
+        return "other"
+    if 4000 <= code <= 4099:
+        return "config"
+    if 4100 <= code <= 4199:
+        return "backoff"
+    if 4200 <= code <= 4299:
+        return "retry"
+    return "other"
+
+
+def channels_for(account: AccountConfig) -> list[str]:
+    if account.kick_chatroom_id is None:
+        raise ValueError(f"account {account.account_id} has no kick_chatroom_id")
+    out = [f"chatrooms.{account.kick_chatroom_id}.v2"]
+    if account.kick_channel_id:
+        out.append(f"channel.{account.kick_channel_id}")
+    return out
+
+
+class KickSource(Source):
+    platform = PLATFORM
+
+    def __init__(self, account: AccountConfig, kick: KickConfig, *, chat_queue: ChatQueueLike,
+                 sink: EventSink, metrics: Metrics, activity_max_secs: float = ACTIVITY_MAX_SECS,
+                 pong_timeout_secs: float = PONG_TIMEOUT_SECS, connect_timeout_secs: float = 10.0,
+                 config_backoff_secs: float = CONFIG_BACKOFF_SECS, read_budget_secs: float = 0.5,
+                 bucket_secs: int = BUCKET_SECS,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        super().__init__(f"source-kick-{account.account_id}", metrics)
+        self.account_id = account.account_id
+        self.channels = channels_for(account)
+        self._url = kick.pusher_url
+        self._queue = chat_queue
+        self._sink = sink
+        self._activity_max = activity_max_secs
+        self._pong_timeout = pong_timeout_secs
+        self._connect_timeout = connect_timeout_secs
+        self._config_backoff = config_backoff_secs
+        self._read_budget = read_budget_secs
+        self._bucket = bucket_secs
+        self._clock = clock
+        self._ws: WsConnection | None = None
+        self._forced_backoff: float | None = None
+        self.activity_timeout = activity_max_secs  # the one in force on this connection
+        self.socket_id: str | None = None
+        self.subscribed: set[str] = set()  # channels the server confirmed on this connection
+        self._last_activity = 0.0
+        self._ping_sent_at: float | None = None
+        self.pings_sent = 0
+        self.pongs_sent = 0
+
+    # -- Source --------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        self._housekeeping()
+        ws = WsConnection(self._url, connect_timeout=self._connect_timeout)
+        self._ws = ws
+        try:
+            ws.open()
+            self._await_established(ws)
+            self.subscribed.clear()
+            for channel in self.channels:
+                ws.send_text(json.dumps({"event": "pusher:subscribe",
+                                         "data": {"auth": "", "channel": channel}}))
+        except Exception:
+            self._ws = None
+            ws.abort()
+            raise
+        self._last_activity = time.monotonic()
+        self._ping_sent_at = None
+        log.info("%s: socket %s, subscribing to %s (activity timeout %.0fs)", self.name, self.socket_id,
+                 ", ".join(self.channels), self.activity_timeout)
+
+    def _await_established(self, ws: WsConnection) -> None:
+        deadline = time.monotonic() + self._connect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceClosed("no pusher:connection_established in time")
+            try:
+                raw = ws.recv(left)
+            except WsClosed as exc:
+                self._closed_with(exc.code, exc.reason)
+                raise PusherClosed(exc.code, str(exc)) from None
+            if raw is None:
+                continue
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                self.metrics.source_bad_frames.labels(PLATFORM, "json").inc()
+                continue
+            event = data.get("event") if isinstance(data, dict) else None
+            inner: Any = data.get("data") if isinstance(data, dict) else None
+            if isinstance(inner, str):
+                try:
+                    inner = json.loads(inner)
+                except ValueError:
+                    inner = {}
+            inner = inner if isinstance(inner, dict) else {}
+            if event == "pusher:connection_established":
+                timeout = inner.get("activity_timeout")
+                server = float(timeout) if isinstance(timeout, int | float) and timeout > 0 else \
+                    self._activity_max
+                self.activity_timeout = min(server, self._activity_max)
+                self.socket_id = str(inner.get("socket_id") or "") or None
+                return
+            if event == "pusher:error":
+                code = inner.get("code")
+                code = code if isinstance(code, int) else None
+                self._closed_with(code, str(inner.get("message") or ""))
+                raise PusherClosed(code, f"pusher:error {code}: {str(inner.get('message'))[:200]}")
+
+    def read_once(self) -> None:
+        ws = self._ws
+        if ws is None:
+            raise SourceClosed("not connected")
+        try:
+            raw = ws.recv(self._read_budget)
+        except WsClosed as exc:
+            self._closed_with(exc.code, exc.reason)
+            self._queue.drain()  # the backoff may be long: nothing read waits in memory through it
+            raise PusherClosed(exc.code, str(exc)) from None
+        now = time.monotonic()
+        if raw is not None:
+            self._last_activity = now
+            self._ping_sent_at = None  # any frame proves the connection alive
+            self._handle(ws, raw)
+        self._keepalive(ws, now)
+
+    def _keepalive(self, ws: WsConnection, now: float) -> None:
+        if self._ping_sent_at is not None:
+            if now - self._ping_sent_at >= self._pong_timeout:
+                self.metrics.source_closes.labels(PLATFORM, "keepalive").inc()
+                self._queue.drain()
+                raise SourceClosed(f"no pusher:pong within {self._pong_timeout:.0f}s")
+            return
+        if now - self._last_activity >= self.activity_timeout:
+            try:
+                ws.send_text('{"event":"pusher:ping","data":{}}')
+            except WsClosed as exc:
+                raise SourceClosed(str(exc)) from None
+            self._ping_sent_at = now
+            self.pings_sent += 1
+
+    def close(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            ws.abort()
+
+    def idle(self) -> None:
+        self._housekeeping()
+
+    def _housekeeping(self) -> None:
+        self._queue.poll()
+        if self._sink.sessions is not None:
+            self._sink.sessions.retry_pending()
+
+    def release(self) -> None:
+        counts = self._queue.drain()
+        if self._sink.sessions is not None:
+            self._sink.sessions.drop_pending()
+        log.info("%s: released (%s)", self.name, counts)
+
+    def next_backoff(self) -> float:
+        forced, self._forced_backoff = self._forced_backoff, None
+        return forced if forced is not None else super().next_backoff()
+
+    # -- frames ---------------------------------------------------------------------------
+
+    def _handle(self, ws: WsConnection, raw: bytes) -> None:
+        if isinstance(raw, Binary):
+            self._bad("binary", "a binary frame (Pusher sends text)")
+            return
+        try:
+            result = interpret(self.account_id, raw, self._clock(), bucket_secs=self._bucket)
+        except BadFrame as exc:
+            self._bad(exc.reason, str(exc))
+            return
+        self.metrics.source_frames.labels(PLATFORM, result.kind).inc()
+        if result.kind == "control":
+            self._control(ws, result.frame.event, result.frame.channel, result.frame.data)
+        elif result.kind == "unsupported":
+            self.metrics.source_bad_frames.labels(PLATFORM, "unsupported").inc()
+            log.debug("%s: unsupported event %r on %s skipped", self.name, result.frame.event[:80],
+                      result.frame.channel)
+        for item in result.items:
+            if item.chat is not None:
+                self._queue.add(item.chat)
+            elif item.event is not None:
+                self._sink.persist(item.event, item.stream)
+
+    def _control(self, ws: WsConnection, event: str, channel: str | None, data: Any) -> None:
+        if event == "pusher:ping":
+            try:
+                ws.send_text('{"event":"pusher:pong","data":{}}')
+            except WsClosed as exc:
+                raise SourceClosed(str(exc)) from None
+            self.pongs_sent += 1
+        elif event == "pusher_internal:subscription_succeeded" and channel:
+            self.subscribed.add(channel)
+            self.metrics.source_subscriptions.labels(PLATFORM, "ok").inc()
+        elif event == "pusher:subscription_error":
+            self.metrics.source_subscriptions.labels(PLATFORM, "failed").inc()
+            log.error("%s: subscription to %s refused: %s", self.name, channel, str(data)[:200])
+        elif event == "pusher:error":
+            inner = data if isinstance(data, dict) else {}
+            code = inner.get("code") if isinstance(inner.get("code"), int) else None
+            message = str(inner.get("message") or "")[:200]
+            if code is None:
+                log.warning("%s: pusher:error without a code: %s", self.name, message)
+                return
+            self._closed_with(code, message)
+            self._queue.drain()
+            raise PusherClosed(code, f"pusher:error {code}: {message}")
+
+    def _bad(self, reason: str, why: str) -> None:
+        self.metrics.source_frames.labels(PLATFORM, "bad").inc()
+        self.metrics.source_bad_frames.labels(PLATFORM, reason).inc()
+        log.warning("%s: refused a frame (%s): %s", self.name, reason, why[:300])
+
+    def _closed_with(self, code: int | None, reason: str) -> None:
+        kind = close_class(code)
+        # The class, not the code, labels the metric: a bounded set of values.
+        label = kind if kind != "other" else (
+            "none" if code is None else str(code) if code in (1000, 1001, 1006, 1011) else "other")
+        self.metrics.source_closes.labels(PLATFORM, label).inc()
+        if kind == "config":
+            log.error("%s: Kick's Pusher server refused this client with %s (%s): check [kick] "
+                      "pusher_url (app key, protocol version); retrying in %.0fs", self.name, code,
+                      reason[:200], self._config_backoff)
+            self._forced_backoff = self._config_backoff
+        elif kind == "retry":
+            log.info("%s: closed with %s (%s); reconnecting at once", self.name, code, reason[:200])
+            self._forced_backoff = 0.0
+        elif kind == "backoff":
+            log.warning("%s: closed with %s (%s); backing off", self.name, code, reason[:200])
+            self._forced_backoff = max(1.0, super().next_backoff())

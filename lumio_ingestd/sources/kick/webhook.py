@@ -1,0 +1,149 @@
+"""`POST /webhooks/kick`: Kick's official webhook deliveries.
+
+Checks, in order, before anything is parsed or stored:
+
+1. the `Kick-Event-Message-Id`, `Kick-Event-Message-Timestamp`,
+   `Kick-Event-Signature` and `Kick-Event-Type` headers are there (else 400);
+2. the signature: RSA PKCS#1 v1.5 SHA-256 over `{message id}.{timestamp}.{raw
+   body}` with `[kick] webhook_public_key_file` (default: Kick's published
+   key, shipped with the package), see `signature.py` (else 403);
+3. the timestamp is at most `webhook_max_age_secs` away from now, either way
+   (else 403: a replay of an old delivery, one dated in the future, or a
+   clock far off). Kick sends every app's deliveries signed with the same key,
+   so a delivery meant for another app verifies too: the age limit and the
+   seen ids below are what stops a replay.
+
+Then: a message id handled before (`lumio_ingestd.seen.SeenDeliveries`:
+memory plus `lumio:webhooks:kick:seen:ID` in Redis for an hour) gets 200 and
+nothing new. Otherwise the body is mapped like the socket's frames
+(`mapping.map_webhook`, same `message_id` / `external_id` rules, so what both
+paths carry is one row); the account is the configured one whose
+`kick_broadcaster_user_id` is `broadcaster.user_id` (unknown: 200, not
+stored). Chat goes through `buffer_or_persist`, events through the shared
+`EventSink`. Answered 200 once everything is durable (stored, parked or
+spooled) or refused for good by the database; 503 when it was lost, so that
+Kick delivers it again. An event type this code does not know is acknowledged
+(200) and counted `unsupported`.
+
+Durable when 2xx is answered: see above.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+
+from ...httpserver import Request, Response
+from ...metrics import Metrics
+from ...model import ChatMessage, parse_time
+from ...seen import SeenDeliveries
+from ..sink import EventSink
+from .mapping import BUCKET_SECS, PLATFORM, BadFrame, broadcaster_of, decode_json, map_webhook
+from .signature import RsaPublicKey, signed_bytes, verify
+
+log = logging.getLogger(__name__)
+
+PATH = "/webhooks/kick"
+MAX_BODY_BYTES = 256 * 1024
+
+H_ID = "Kick-Event-Message-Id"
+H_TIMESTAMP = "Kick-Event-Message-Timestamp"
+H_SIGNATURE = "Kick-Event-Signature"
+H_TYPE = "Kick-Event-Type"
+H_VERSION = "Kick-Event-Version"
+H_SUBSCRIPTION = "Kick-Event-Subscription-Id"
+
+
+class KickWebhook:
+    def __init__(self, key: RsaPublicKey, accounts: Mapping[str, int], sink: EventSink,
+                 chat: Callable[[ChatMessage], str], seen: SeenDeliveries, metrics: Metrics, *,
+                 max_age_secs: float = 600.0, bucket_secs: int = BUCKET_SECS,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._key = key
+        self._accounts = dict(accounts)
+        self._sink = sink
+        self._chat = chat
+        self._seen = seen
+        self._metrics = metrics
+        self._max_age = max_age_secs
+        self._bucket = bucket_secs
+        self._clock = clock
+        self._forged_logged_at = -math.inf
+        self._forged_unlogged = 0
+
+    def handle(self, request: Request) -> Response:
+        response, result = self._handle(request)
+        self._metrics.http_webhook_requests.labels(PLATFORM, result).inc()
+        return response
+
+    def _handle(self, request: Request) -> tuple[Response, str]:
+        headers = request.headers
+        message_id = (headers.get(H_ID) or "").strip()
+        timestamp = (headers.get(H_TIMESTAMP) or "").strip()
+        given = (headers.get(H_SIGNATURE) or "").strip()
+        event_type = (headers.get(H_TYPE) or "").strip()
+        if not (message_id and timestamp and given and event_type):
+            return Response.json(400, {"error": f"missing {H_ID}, {H_TIMESTAMP}, {H_SIGNATURE} or "
+                                                f"{H_TYPE} header"}), "bad_request"
+        if not verify(self._key, signed_bytes(message_id, timestamp, request.body), given):
+            # Anyone can send these: one warning a minute (the metric counts them all).
+            now = time.monotonic()
+            if now - self._forged_logged_at >= 60.0:
+                log.warning("kick webhook: signature mismatch on delivery %s from %s; refused "
+                            "(%d more since the last warning)", message_id[:64], request.client,
+                            self._forged_unlogged)
+                self._forged_logged_at, self._forged_unlogged = now, 0
+            else:
+                self._forged_unlogged += 1
+            return Response.json(403, {"error": "signature mismatch"}), "forged"
+        try:
+            sent_at = parse_time(timestamp)
+        except ValueError:
+            return Response.json(400, {"error": f"{H_TIMESTAMP} is not an RFC 3339 time"}), "bad_request"
+        age = (self._clock() - sent_at).total_seconds()
+        if abs(age) > self._max_age:
+            log.warning("kick webhook: delivery %s is %.0fs %s (limit %.0fs); refused", message_id[:64],
+                        abs(age), "old" if age > 0 else "in the future", self._max_age)
+            return Response.json(403, {"error": "stale or future timestamp"}), "stale"
+        if self._seen.seen(message_id):
+            self._metrics.source_duplicates.labels(PLATFORM).inc()
+            return Response.json(200, {"duplicate": True}), "replayed"
+        return self._deliver(request, message_id, event_type, sent_at)
+
+    def _deliver(self, request: Request, message_id: str, event_type: str,
+                 sent_at: datetime) -> tuple[Response, str]:
+        try:
+            body = decode_json(request.body)
+            broadcaster = broadcaster_of(body)
+            account_id = self._accounts.get(broadcaster) if broadcaster is not None else None
+            if account_id is None:
+                log.warning("kick webhook: delivery %s is for broadcaster %s, which no configured "
+                            "account has; acknowledged, not stored", message_id[:64], broadcaster)
+                return Response.json(200, {"ignored": "no account for this broadcaster"}), \
+                    "unknown_account"
+            items = map_webhook(account_id, event_type, body, message_id, sent_at,
+                                bucket_secs=self._bucket)
+        except BadFrame as exc:
+            self._metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
+            log.warning("kick webhook: refused delivery %s (%s): %s", message_id[:64], exc.reason, exc)
+            return Response.json(400, {"error": f"bad body: {exc}"}), "bad_request"
+        if items is None:
+            self._metrics.source_bad_frames.labels(PLATFORM, "unsupported").inc()
+            log.info("kick webhook: unsupported event type %r; acknowledged", event_type[:64])
+            self._seen.mark(message_id)
+            return Response.json(200, {"ignored": "unsupported event type"}), "unsupported"
+        lost = 0
+        for item in items:
+            if item.chat is not None:
+                self._metrics.source_frames.labels(PLATFORM, "chat").inc()
+                lost += self._chat(item.chat) == "lost"
+            elif item.event is not None:
+                self._metrics.source_frames.labels(PLATFORM, "event").inc()
+                lost += self._sink.persist(item.event, item.stream).outcome == "lost"
+        if lost:
+            return Response.json(503, {"error": "not stored; deliver again"}, {"Retry-After": "5"}), "lost"
+        self._seen.mark(message_id)
+        return Response.json(200, {"ok": True}), "stored"
