@@ -160,6 +160,25 @@ def test_the_rate_limit_headers_are_honoured_before_twitch_has_to_refuse(
     assert len(fake.streams_requests) == 2
 
 
+def test_a_malformed_item_is_refused_alone_and_its_account_is_not_taken_for_offline(
+        rig: StatusRig, fake: FakeTwitch) -> None:
+    fake.set_live("12826", viewers=3)
+    fake.set_live("999", viewers=8)
+    poller = rig.poller([(helix_client(fake, rig.metrics), {"12826": 42, "999": 43})])
+    poller.poll_round()
+    assert len(rig.events_of("stream.online")) == 2
+    fake.set_offline("999")  # Helix lists it still, but in a shape nobody can read
+    fake.streams_extra = [{"user_id": "999", "id": "s", "viewer_count": "many"}, "not an object"]
+    for _ in range(3):
+        poller.poll_round()
+    assert rig.value("source_status_poll_errors_total", platform="twitch",
+                     reason="bad_response") == 6
+    assert rig.events_of("stream.offline") == []  # unsure is not offline
+    assert [s[2] for s in rig.sessions_of(43)] == [None]
+    rig.stats.flush_all()
+    assert {(r[0], r[5]) for r in rig.stats_rows()} == {(42, 4), (43, 1)}  # the good item counted
+
+
 def test_a_hanging_api_delays_the_other_by_its_timeout_at_most_and_a_stop_cuts_it(
         rig: StatusRig) -> None:
     with FakeTwitch() as hanging, FakeTwitch() as healthy:

@@ -96,6 +96,15 @@ class LiveStream:
     name: str | None = None
 
 
+@dataclass(slots=True)
+class Answer:
+    """What one status request said: the live streams; the ids it left unsure; refused items."""
+
+    live: dict[str, LiveStream] = field(default_factory=dict)
+    unsure: set[str] = field(default_factory=set)
+    refused: list[str] = field(default_factory=list)
+
+
 class StatsSink(Protocol):
     """What the poller needs of the statistics store (streamstats.StreamStats)."""
 
@@ -143,8 +152,36 @@ class StatusClient:
     def headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
-    def parse(self, obj: Any) -> dict[str, LiveStream]:
+    def user_of(self, item: Mapping[str, Any]) -> str:
+        """The platform user id an answer item is about; raises KeyError/ValueError."""
         raise NotImplementedError
+
+    def item(self, user_id: str, item: Mapping[str, Any]) -> LiveStream | None:
+        """One answer item as a live stream (None: listed but not live); raises on bad shape."""
+        raise NotImplementedError
+
+    def parse(self, obj: Any, ids: Sequence[str]) -> Answer:
+        """The answer to a request for `ids`; a malformed item is refused on its own."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
+            raise PollError("bad_response", f"{self.platform} status API: the answer is not "
+                                            "an object with a data list")
+        answer = Answer()
+        for i, item in enumerate(obj["data"]):
+            user_id: str | None = None
+            try:
+                if not isinstance(item, dict):
+                    raise TypeError(f"item is a {type(item).__name__}")
+                user_id = self.user_of(item)
+                live = self.item(user_id, item)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                answer.refused.append(f"data[{i}]" + (f" (user {user_id})" if user_id else "")
+                                      + f": {type(exc).__name__}: {exc}"[:200])
+                # Whose item it was is unknown: no account of the request is offline for sure.
+                answer.unsure.update([user_id] if user_id else ids)
+                continue
+            if live is not None:
+                answer.live[user_id] = live
+        return answer
 
     def rate_wait(self) -> float:
         """Seconds until the rate-limit bucket has a point again (0: go ahead)."""
@@ -152,8 +189,8 @@ class StatusClient:
             return max(0.0, self._reset_at - self._wall())
         return 0.0
 
-    def fetch(self, ids: Sequence[str], cancel: Cancel) -> dict[str, LiveStream]:
-        """Platform user id -> its live stream, for the live ones among `ids`; raises PollError."""
+    def fetch(self, ids: Sequence[str], cancel: Cancel) -> Answer:
+        """Which of `ids` are live (and which the answer left unsure); raises PollError."""
         token = self._get_token(cancel)
         result = self._get(ids, token, cancel)
         if result.status == 401:
@@ -165,12 +202,7 @@ class StatusClient:
         if result.status != 200:
             raise PollError("status", f"{self.platform} status API answered {result.status}: "
                                       f"{result.message()}")
-        obj = result.json()
-        try:
-            return self.parse(obj)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise PollError("bad_response", f"{self.platform} status API: unusable answer "
-                                            f"({type(exc).__name__}: {exc})"[:300]) from None
+        return self.parse(result.json(), ids)
 
     def _get_token(self, cancel: Cancel) -> str:
         try:
@@ -219,20 +251,18 @@ class HelixStreams(StatusClient):
     def headers(self, token: str) -> dict[str, str]:
         return {**super().headers(token), "Client-Id": self._client_id}
 
-    def parse(self, obj: Any) -> dict[str, LiveStream]:
-        out: dict[str, LiveStream] = {}
-        for item in obj["data"]:
-            if item.get("type", "live") != "live":
-                continue  # only a live stream is a session (not a rerun or a premiere)
-            user_id, stream_id = str(item["user_id"]), str(item["id"])
-            if not user_id or not stream_id:
-                raise ValueError("a stream without user_id or id")
-            out[user_id] = LiveStream(
-                user_id=user_id, stream_id=stream_id, viewers=_viewers(item.get("viewer_count")),
-                title=_text(item.get("title")), category=_text(item.get("game_name")),
-                started_at=_time(item.get("started_at")), login=_text(item.get("user_login")),
-                name=_text(item.get("user_name")))
-        return out
+    def user_of(self, item: Mapping[str, Any]) -> str:
+        return _id(item["user_id"], "user_id")
+
+    def item(self, user_id: str, item: Mapping[str, Any]) -> LiveStream | None:
+        stream_id = _id(item["id"], "id")
+        viewers = _viewers(item.get("viewer_count"))
+        if item.get("type", "live") != "live":
+            return None  # only a live stream is a session (not a rerun or a premiere)
+        return LiveStream(
+            user_id=user_id, stream_id=stream_id, viewers=viewers, title=_text(item.get("title")),
+            category=_text(item.get("game_name")), started_at=_time(item.get("started_at")),
+            login=_text(item.get("user_login")), name=_text(item.get("user_name")))
 
 
 class KickLivestreams(StatusClient):
@@ -245,18 +275,17 @@ class KickLivestreams(StatusClient):
         query = urlencode([("broadcaster_user_id", i) for i in ids] + [("limit", "100")])
         return join(self._api_url, "livestreams") + "?" + query
 
-    def parse(self, obj: Any) -> dict[str, LiveStream]:
-        out: dict[str, LiveStream] = {}
-        for item in obj["data"]:
-            user_id = str(item["broadcaster_user_id"])
-            category = item.get("category")
-            started = _time(item.get("started_at"))
-            out[user_id] = LiveStream(
-                user_id=user_id, stream_id=kick_stream_id(item), viewers=_viewers(item.get("viewer_count")),
-                title=_text(item.get("stream_title")),
-                category=_text(category.get("name")) if isinstance(category, dict) else None,
-                started_at=started, login=_text(item.get("slug")), name=_text(item.get("slug")))
-        return out
+    def user_of(self, item: Mapping[str, Any]) -> str:
+        return _id(item["broadcaster_user_id"], "broadcaster_user_id")
+
+    def item(self, user_id: str, item: Mapping[str, Any]) -> LiveStream | None:
+        category = item.get("category")
+        return LiveStream(
+            user_id=user_id, stream_id=kick_stream_id(item), viewers=_viewers(item.get("viewer_count")),
+            title=_text(item.get("stream_title")),
+            category=_text(category.get("name")) if isinstance(category, dict) else None,
+            started_at=_time(item.get("started_at")), login=_text(item.get("slug")),
+            name=_text(item.get("slug")))
 
 
 def kick_stream_id(item: Mapping[str, Any]) -> str:
@@ -272,6 +301,12 @@ def kick_stream_id(item: Mapping[str, Any]) -> str:
     if not isinstance(started, str) or not started:
         raise ValueError("a livestream without started_at")
     return f"{item['broadcaster_user_id']}@{parse_time(started).isoformat()}"
+
+
+def _id(value: object, what: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value):
+        raise ValueError(f"{what} {value!r} is not an id")
+    return str(value)
 
 
 def _int(value: str | None) -> int | None:
@@ -420,14 +455,22 @@ class StreamStatusPoller(Worker):
                 if self.stop_event.wait(wait):
                     return
             try:
-                found.update(client.fetch(chunk, p.cancel))
+                answer = client.fetch(chunk, p.cancel)
             except PollError as exc:
                 if self.stop_event.is_set():
                     return
                 self._failed(p, exc)
                 break  # the rest of this platform waits for the next round
             self.metrics.source_status_polls.labels(client.platform).inc()
-            polled.extend(chunk)
+            if answer.refused:
+                self.metrics.source_status_poll_errors.labels(
+                    client.platform, "bad_response").inc(len(answer.refused))
+                log.warning("stream status: %s answered %d malformed item(s), refused (the "
+                            "others are used): %s", client.platform, len(answer.refused),
+                            "; ".join(answer.refused[:3]))
+            found.update(answer.live)
+            # An account whose item was refused is neither live nor offline this round.
+            polled.extend(u for u in chunk if u in answer.live or u not in answer.unsure)
         else:
             if p.outage is not None:
                 p.outage.ok()

@@ -36,8 +36,9 @@ document, over real sockets:
   token-bucket headers `Ratelimit-Limit`, `Ratelimit-Remaining` and
   `Ratelimit-Reset` (epoch seconds), and 429 once the bucket is empty.
   `set_live()` / `set_offline()` drive it; `streams_hang` makes it accept
-  and never answer, `streams_status` forces an error, `streams_requests`
-  records every request.
+  and never answer, `streams_status` forces an error, `streams_extra` adds
+  items (malformed ones) to every answer, `streams_requests` records every
+  request.
 
 Callers drive it with `notify()`, `send_raw()`, `send_bulk()` (load), `reconnect()`, `revoke()`,
 `close_session()`, `set_keepalive()` and `expire_access_token()`, and read
@@ -156,6 +157,7 @@ class TwitchStandin:
         self.streams_requests: list[dict[str, Any]] = []  # {"status", "user_ids", "token"}
         self.streams_status: int | None = None  # forced error status of GET /streams
         self.streams_hang = False  # accept GET /streams and never answer (until close)
+        self.streams_extra: list[Any] = []  # items added to every answer (malformed ones, say)
         self.ratelimit_points = 800  # the bucket: points per minute
         self._bucket = 800
         self._bucket_reset = 0.0
@@ -555,8 +557,8 @@ class TwitchStandin:
         if len(user_ids) > 100:
             return 400, {"error": "Bad Request", "status": 400,
                          "message": "The number of user_id query parameters exceeds the maximum of 100"}
-        data = [dict(self.live[u]) for u in dict.fromkeys(user_ids) if u in self.live]
-        return 200, {"data": data, "pagination": {}}
+        data: list[Any] = [dict(self.live[u]) for u in dict.fromkeys(user_ids) if u in self.live]
+        return 200, {"data": data + list(self.streams_extra), "pagination": {}}
 
 
     def _helix_subscribe(self, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
