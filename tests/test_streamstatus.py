@@ -21,6 +21,8 @@ import pytest
 import twitch_frames as tf
 from fakes.twitch import FakeTwitch
 from harness.servers import PostgresServer, wait_until
+from lumio_ingestd.events.persist import PersistResult
+from lumio_ingestd.model import PlatformEvent
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamstatus import StreamStatusPoller
 from lumio_ingestd.streamstats import StreamStats
@@ -298,3 +300,78 @@ def test_the_poll_thread_runs_on_its_own_schedule(rig: StatusRig, fake: FakeTwit
     answered = sum(1 for r in fake.streams_requests if r["status"] == 200)
     # (the last answer may have been cut by the stop before the poller read it)
     assert answered - 1 <= sum(r[5] for r in rig.stats_rows()) <= answered
+
+
+# --------------------------------------------------------------------------- no servers
+
+
+def _never(ev: PlatformEvent) -> PersistResult:
+    raise AssertionError("nothing is persisted here")
+
+
+class _NoStats:
+    def add(self, account_id: int, platform: str, viewers: int, *, title: str | None = None,
+            category: str | None = None, at: datetime | None = None) -> None:
+        raise AssertionError("no samples here")
+
+    def flush_due(self, now: datetime | None = None) -> int:
+        return 0
+
+    def flush_all(self, budget_secs: float | None = None) -> int:
+        return 0
+
+    def cut_calls_of(self, thread_ident: int | None) -> None:
+        pass
+
+
+def test_the_poller_covers_the_accounts_of_this_shard_on_configured_platforms(tmp_path: Path) -> None:
+    from lumio_ingestd.metrics import Metrics
+    from lumio_ingestd.sources.streamstatus import build_stream_status
+    from support import make_config
+
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-value\n")
+    sections: dict[str, dict[str, object]] = {
+        "daemon": {"shard": "1/2"},
+        "twitch": {"client_id": "tw", "client_secret_file": secret},
+        "kick": {"client_id": "kc", "client_secret_file": secret},
+        **{f"account.{n}": {"twitch_user_id": f"10{n}", "kick_broadcaster_user_id": f"20{n}"}
+           for n in range(1, 7)},
+    }
+    cfg = make_config(tmp_path, sections=sections)
+    sink = EventSink(_never, alerts=None, sessions=None)
+    stats = _NoStats()  # the poller is only built here, never run
+    poller = build_stream_status(cfg, Metrics(), sink=sink, stats=stats, sessions=None)
+    assert poller is not None and poller.platforms == ["twitch", "kick"]
+    assert [sorted(p.accounts.values()) for p in poller._platforms] == [[1, 3, 5], [1, 3, 5]]
+
+    only_twitch = make_config(tmp_path, sections={**sections, "streamstatus": {"platforms": "twitch"}})
+    poller = build_stream_status(only_twitch, Metrics(), sink=sink, stats=stats, sessions=None)
+    assert poller is not None and poller.platforms == ["twitch"]
+    unconfigured = make_config(tmp_path, sections={"account.1": {"twitch_user_id": "101"}})
+    assert build_stream_status(unconfigured, Metrics(), sink=sink, stats=stats, sessions=None) is None
+
+
+def test_kick_livestreams_answers_are_read_as_documented() -> None:
+    from lumio_ingestd.config import Secret
+    from lumio_ingestd.metrics import Metrics
+    from lumio_ingestd.sources.apptoken import AppToken
+    from lumio_ingestd.sources.streamstatus import KickLivestreams, kick_stream_id
+
+    client = KickLivestreams("http://127.0.0.1:9/public/v1", "kc",
+                             AppToken("http://127.0.0.1:9/oauth/token", "kc", Secret("x")),
+                             Metrics(), timeout_secs=1)
+    assert client.url(["1", "2"]) == ("http://127.0.0.1:9/public/v1/livestreams?"
+                                      "broadcaster_user_id=1&broadcaster_user_id=2&limit=100")
+    item = {"broadcaster_user_id": 123, "channel_id": 9, "slug": "streamer",
+            "stream_title": "hello", "viewer_count": 42, "started_at": "2026-01-05T18:00:00Z",
+            "category": {"id": 15, "name": "Just Chatting", "thumbnail": ""}, "language": "en",
+            "has_mature_content": False, "thumbnail": ""}
+    answer = client.parse({"data": [item, {"broadcaster_user_id": 7, "viewer_count": None}],
+                           "message": "OK"}, ["123", "7"])
+    live = answer.live["123"]
+    assert (live.viewers, live.title, live.category, live.login) == (42, "hello", "Just Chatting",
+                                                                    "streamer")
+    assert live.stream_id == kick_stream_id(item) == "123@2026-01-05T18:00:00+00:00"
+    assert answer.unsure == {"7"} and len(answer.refused) == 1
+    assert kick_stream_id({**item, "id": 555}) == "555"  # an id of its own wins
