@@ -133,7 +133,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .sources.twitch import build_twitch
     from .spool import Spool, SpoolError, SpoolReplayer
     from .streamstats import KIND as STATS_KIND
-    from .streamstats import StreamStats
+    from .streamstats import StreamStats, canary_record
 
     # Checked before anything is opened: a bad key file is a configuration error.
     try:
@@ -157,7 +157,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     events = EventIngest(client, pool, spool, metrics, cfg, records=records)
     stats = StreamStats(pool, events.deadletters, spool, metrics,
                         timeout_secs=cfg.events.insert_timeout_secs)
-    records.register(STATS_KIND, stats.write_record)
+    records.register(STATS_KIND, stats.write_record, canary_record)
     spool_handlers = {"chat": chat_spool_handler(chat), "event": event_spool_handler(events)}
 
     def replay(kind: str, entries: list[bytes]) -> None:

@@ -293,6 +293,12 @@ class StreamStats:
         return new
 
 
+def canary_record(cur: Cursor, ev: PlatformEvent) -> None:
+    """The `RecordCanary` of kind "stream_stats": a one-sample window merged on a fresh id."""
+    merge_windows(cur, [(uuid.uuid4(), Window(ev.account_id, ev.platform, minute_of(ev.created_at),
+                                               0.0, 0, 1))])
+
+
 def _describe(windows: Sequence[Window]) -> str:
     shown = ", ".join(f"account {w.account_id} {w.platform} {w.ts:%Y-%m-%dT%H:%MZ} "
                       f"avg {w.average:.1f} max {w.maximum} n {w.samples}" for w in windows[:5])

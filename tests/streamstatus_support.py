@@ -33,7 +33,7 @@ from lumio_ingestd.sources.httpclient import join
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamstatus import HelixStreams, StatusClient, StreamStatusPoller
 from lumio_ingestd.spool import Spool
-from lumio_ingestd.streamstats import KIND, StreamStats
+from lumio_ingestd.streamstats import KIND, StreamStats, canary_record
 from support import make_config
 
 
@@ -87,9 +87,9 @@ class StatusRig:
         self.pollers.append(p)
         return p
 
-    def retry_worker(self) -> EventRetryWorker:
+    def retry_worker(self, **kwargs: Any) -> EventRetryWorker:
         w = EventRetryWorker(self.redis, self.pool, self.metrics, self.cfg, instance="replayer-1",
-                             lease_ttl_secs=5, heartbeat_ttl_secs=5, records=self.records)
+                             lease_ttl_secs=5, heartbeat_ttl_secs=5, records=self.records, **kwargs)
         self.workers.append(w)
         return w
 
@@ -153,7 +153,7 @@ def make_status_rig(tmp_path: Path, pg_url: str, redis_url: str, *, spool_bytes:
     records = RecordWriters()
     events = EventIngest(client, pool, spool, metrics, cfg, records=records)
     stats = StreamStats(pool, events.deadletters, spool, metrics, timeout_secs=3.0)
-    records.register(KIND, stats.write_record)
+    records.register(KIND, stats.write_record, canary_record)
     sessions = StreamSessions(pool, metrics, retry_every_secs=sessions_retry_secs)
     sink = EventSink(events.persist_event, alerts=None, sessions=sessions)
     return StatusRig(cfg, pg_url, metrics, pool, client, records, events, stats, sessions, sink, spool)

@@ -145,3 +145,21 @@ def test_a_malformed_parked_window_is_quarantined_as_permanent(rig: StatusRig) -
     assert report.quarantined == 1
     assert [q["reason"] for q in quarantined(rig.redis, 9)] == ["permanent"]
     assert rig.stats_rows() == []
+
+
+def test_a_missing_stream_stats_table_keeps_windows_parked_until_it_is_back(rig: StatusRig) -> None:
+    rig.stats.add(3, "twitch", 10, at=at(1))
+    with rig.pool.transaction() as cur:  # deployed before `migrate`, say
+        cur.execute("ALTER TABLE stream_stats RENAME TO stream_stats_away")
+    rig.stats.flush_all()
+    assert rig.value("events_stream_stats_windows_total", outcome="parked") == 1
+    worker = rig.retry_worker(stuck_after=2)
+    for _ in range(4):
+        assert worker.run_pass().stopped == "transient"
+    # Every write to the table fails the same way (the canary too): not "stuck", it waits.
+    assert quarantined(rig.redis, 3) == [] and len(parked(rig.redis, 3)) == 1
+    assert rig.value("db_environmental_errors_total") >= 4
+    with rig.pool.transaction() as cur:
+        cur.execute("ALTER TABLE stream_stats_away RENAME TO stream_stats")
+    assert worker.run_pass().stored == 1
+    assert [r[3:6] for r in rig.stats_rows()] == [(10.0, 10, 1)]

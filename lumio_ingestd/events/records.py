@@ -40,19 +40,31 @@ RecordWriter = Callable[[Cursor, PlatformEvent], bool]
 _MARK = b'"kind"'
 
 
+#: A write of the same shape as the record's own to its table, on a fresh id; the
+#: caller rolls it back. The retry worker's "stuck" test: when the canary fails
+#: too, the problem is the table's (a migration not applied), not the entry's.
+RecordCanary = Callable[[Cursor, PlatformEvent], None]
+
+
 class RecordWriters:
     """Kind -> writer, filled by the composition root; shared by the retry worker and the spool."""
 
     def __init__(self) -> None:
         self._writers: dict[str, RecordWriter] = {}
+        self._canaries: dict[str, RecordCanary] = {}
 
-    def register(self, kind: str, writer: RecordWriter) -> None:
+    def register(self, kind: str, writer: RecordWriter, canary: RecordCanary | None = None) -> None:
         if kind in self._writers:
             raise ValueError(f"a record writer for {kind!r} is registered already")
         self._writers[kind] = writer
+        if canary is not None:
+            self._canaries[kind] = canary
 
     def get(self, kind: str) -> RecordWriter | None:
         return self._writers.get(kind)
+
+    def canary(self, kind: str) -> RecordCanary | None:
+        return self._canaries.get(kind)
 
 
 def record_entry(kind: str, ev: PlatformEvent) -> bytes:

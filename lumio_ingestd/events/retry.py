@@ -352,7 +352,7 @@ class EventRetryWorker(IntervalWorker):
             key = str(ev.id)
             last_state, count = self._strikes.get(key, (why.sqlstate, 0))
             count = count + 1 if last_state == why.sqlstate else 1
-            if count >= self._stuck_after and self._only_this_entry_fails(ev):
+            if count >= self._stuck_after and self._only_this_entry_fails(ev, record_kind(raw)):
                 self._strikes.pop(key, None)
                 log.error("parked event %s (account %d, %s) failed %d passes in a row with %s; "
                           "quarantined as stuck", ev.id, account, ev.type, count, why.reason)
@@ -365,13 +365,15 @@ class EventRetryWorker(IntervalWorker):
                     why.kind.value, why.reason, type(exc).__name__)
         raise _Stop("transient")
 
-    def _only_this_entry_fails(self, ev: PlatformEvent) -> bool:
+    def _only_this_entry_fails(self, ev: PlatformEvent, kind: str | None = None) -> bool:
         """Whether a bare event of the same account and time can be inserted (then rolled back).
 
         A missing table or a revoked grant fails every entry the same way; quarantining
         them one by one would only empty the dead-letter lists into the quarantine.
         Only a failure the canary does not meet is this entry's own.
         """
+        if kind is not None:
+            return self._record_canary_passes(ev, kind)
         # Same shape as the entry (an external id takes the dedup path, children
         # touch event_children), so a table-wide problem on either shows here too.
         canary = PlatformEvent.new(
@@ -389,6 +391,24 @@ class EventRetryWorker(IntervalWorker):
         except Exception as exc:  # noqa: BLE001 - any failure: not provably this entry's
             log.warning("event replay: a canary insert fails too (%s); the problem is not "
                         "event %s's own, it stays parked", classify(exc).reason, ev.id)
+            return False
+        return True
+
+    def _record_canary_passes(self, ev: PlatformEvent, kind: str) -> bool:
+        """`_only_this_entry_fails` for a parked record: its writer's canary, on its table."""
+        canary = self._records.canary(kind)
+        if canary is None:
+            return False  # no way to tell the table's problem from the entry's: it waits
+        try:
+            with self._pool.connection(deadline=time.monotonic() + self._insert_timeout) as conn:
+                try:
+                    with conn.cursor() as cur:
+                        canary(cur, ev)
+                finally:
+                    conn.rollback()
+        except Exception as exc:  # noqa: BLE001 - any failure: not provably this entry's
+            log.warning("record replay: a canary write of kind %r fails too (%s); record %s "
+                        "stays parked", kind, classify(exc).reason, ev.id)
             return False
         return True
 
