@@ -356,7 +356,7 @@ def test_kick_livestreams_answers_are_read_as_documented() -> None:
     from lumio_ingestd.config import Secret
     from lumio_ingestd.metrics import Metrics
     from lumio_ingestd.sources.apptoken import AppToken
-    from lumio_ingestd.sources.streamstatus import KickLivestreams, kick_stream_id
+    from lumio_ingestd.sources.streamstatus import KickLivestreams, kick_stream_key
 
     client = KickLivestreams("http://127.0.0.1:9/public/v1", "kc",
                              AppToken("http://127.0.0.1:9/oauth/token", "kc", Secret("x")),
@@ -372,6 +372,7 @@ def test_kick_livestreams_answers_are_read_as_documented() -> None:
     live = answer.live["123"]
     assert (live.viewers, live.title, live.category, live.login) == (42, "hello", "Just Chatting",
                                                                     "streamer")
-    assert live.stream_id == kick_stream_id(item) == "123@2026-01-05T18:00:00+00:00"
+    assert live.started_at == datetime(2026, 1, 5, 18, tzinfo=UTC)
+    assert client.session_key(42, live) == kick_stream_key(42, live.started_at)
+    assert client.session_key(42, live).startswith("live:")
     assert answer.unsure == {"7"} and len(answer.refused) == 1
-    assert kick_stream_id({**item, "id": 555}) == "555"  # an id of its own wins

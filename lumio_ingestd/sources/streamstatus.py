@@ -13,7 +13,9 @@ accounts of this shard are live:
   timeout, else the rest of the round is skipped.
 - Kick: `GET {[kick] api_url}/livestreams?broadcaster_user_id=..` (up to 50
   ids per request; Kick's public API), with an app token from
-  `{[kick] oauth_url}/oauth/token`.
+  `{[kick] oauth_url}/oauth/token`. Its answer names no stream: the stream
+  id is derived from the account and the start time (`kick_stream_key`), as
+  the Kick socket and webhook derive theirs.
 
 A 401 drops the token and retries once with a fresh one. Every request is
 bounded by `[streamstatus] request_timeout_secs`, and a stop cuts the one in
@@ -45,6 +47,7 @@ partial minute at a stop).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -87,7 +90,7 @@ class LiveStream:
     """One live stream as a status API reported it."""
 
     user_id: str
-    stream_id: str
+    stream_id: str  # the platform's own id of the stream; for Kick, see KickLivestreams
     viewers: int
     title: str | None = None
     category: str | None = None
@@ -182,6 +185,10 @@ class StatusClient:
             if live is not None:
                 answer.live[user_id] = live
         return answer
+
+    def session_key(self, account_id: int, live: LiveStream) -> str:
+        """The stream id `stream_sessions` and `stream.online` use (the socket's own rule)."""
+        return live.stream_id
 
     def rate_wait(self) -> float:
         """Seconds until the rate-limit bucket has a point again (0: go ahead)."""
@@ -280,27 +287,27 @@ class KickLivestreams(StatusClient):
 
     def item(self, user_id: str, item: Mapping[str, Any]) -> LiveStream | None:
         category = item.get("category")
+        started = _time(item.get("started_at"))
+        if started is None:
+            raise ValueError("a livestream without a usable started_at")
+        own = item.get("stream_id") or item.get("id")
         return LiveStream(
-            user_id=user_id, stream_id=kick_stream_id(item), viewers=_viewers(item.get("viewer_count")),
-            title=_text(item.get("stream_title")),
+            user_id=user_id, stream_id=str(own) if isinstance(own, (str, int)) and str(own) else "",
+            viewers=_viewers(item.get("viewer_count")), title=_text(item.get("stream_title")),
             category=_text(category.get("name")) if isinstance(category, dict) else None,
-            started_at=_time(item.get("started_at")), login=_text(item.get("slug")),
-            name=_text(item.get("slug")))
+            started_at=started, login=_text(item.get("slug")), name=_text(item.get("slug")))
+
+    def session_key(self, account_id: int, live: LiveStream) -> str:
+        # Kick's /livestreams names no stream: the key comes from the start time, as
+        # the Kick socket and webhook derive it, so all three meet on one row.
+        assert live.started_at is not None
+        return kick_stream_key(account_id, live.started_at)
 
 
-def kick_stream_id(item: Mapping[str, Any]) -> str:
-    """A Kick livestream's id: its own where the answer has one, else broadcaster + start.
-
-    Kick's documented `/livestreams` item has no stream id; the start time
-    names one stream of one broadcaster as well.
-    """
-    own = item.get("stream_id") or item.get("id")
-    if isinstance(own, (str, int)) and str(own):
-        return str(own)
-    started = item.get("started_at")
-    if not isinstance(started, str) or not started:
-        raise ValueError("a livestream without started_at")
-    return f"{item['broadcaster_user_id']}@{parse_time(started).isoformat()}"
+def kick_stream_key(account_id: int, started_at: datetime) -> str:
+    """The id of one Kick stream: from its account and start, to the second."""
+    digest = hashlib.sha256(f"{account_id}:{int(started_at.timestamp())}".encode()).hexdigest()[:24]
+    return f"live:{digest}"
 
 
 def _id(value: object, what: str) -> str:
@@ -501,10 +508,11 @@ class StreamStatusPoller(Worker):
             if live is not None:
                 self._stats.add(account, platform, live.viewers, title=live.title,
                                 category=live.category, at=now)
-                if tracked is None or tracked.stream_id != live.stream_id:
-                    tracked = self._tracked[key] = _Tracked(live.stream_id, user_id, live.login,
+                stream_id = p.client.session_key(account, live)
+                if tracked is None or tracked.stream_id != stream_id:
+                    tracked = self._tracked[key] = _Tracked(stream_id, user_id, live.login,
                                                             live.name)
-                    self._online(account, platform, live, now)
+                    self._online(account, platform, live, stream_id, now)
                 tracked.last_live, tracked.offline_polls, tracked.first_offline = now, 0, None
                 continue
             if tracked is None:
@@ -518,19 +526,20 @@ class StreamStatusPoller(Worker):
                 del self._tracked[key]
                 self._offline(account, platform, tracked)
 
-    def _online(self, account: int, platform: str, live: LiveStream, now: datetime) -> None:
+    def _online(self, account: int, platform: str, live: LiveStream, stream_id: str,
+                now: datetime) -> None:
         started = live.started_at or now
-        payload = {"id": live.stream_id, "broadcaster_user_id": live.user_id,
+        payload = {"id": stream_id, "broadcaster_user_id": live.user_id,
                    "broadcaster_user_login": live.login, "broadcaster_user_name": live.name,
-                   "type": "live", "started_at": started.isoformat(), "detected_by": "poll"}
+                   "type": "live", "started_at": started.isoformat(), "viewer_count": live.viewers,
+                   "title": live.title, "category": live.category, "detected_by": "poll"}
         ev = PlatformEvent.new(account_id=account, platform=platform, type="stream.online",
-                               payload=payload, created_at=started, external_id=live.stream_id)
-        result = self._sink.persist(ev, StreamChange("online", live.stream_id, ev.created_at,
-                                                     platform))
+                               payload=payload, created_at=started, external_id=stream_id)
+        result = self._sink.persist(ev, StreamChange("online", stream_id, ev.created_at, platform))
         if result.outcome in TAKEN:
             self.metrics.events_stream_sessions_by_poll.labels("opened").inc()
             log.info("stream %s of account %d (%s) found live by polling: the socket had not "
-                     "reported it; session opened", live.stream_id, account, platform)
+                     "reported it; session opened", stream_id, account, platform)
 
     def _offline(self, account: int, platform: str, tracked: _Tracked) -> None:
         at = tracked.last_live or tracked.first_offline or self._wall()
