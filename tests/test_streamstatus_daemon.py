@@ -30,7 +30,8 @@ EXIT_SLACK = 1.0
 LATEST_START_SECOND = 45
 
 
-def _config(tmp_path: Path, fake: FakeTwitch, pg_url: str, redis_url: str) -> Path:
+def _config(tmp_path: Path, fake: FakeTwitch, pg_url: str, redis_url: str, *,
+            request_timeout: float = 2) -> Path:
     secret = tmp_path / "client_secret"
     secret.write_text(fake.client_secret + "\n")
     path = write_ini(tmp_path / "status.ini", {
@@ -42,7 +43,8 @@ def _config(tmp_path: Path, fake: FakeTwitch, pg_url: str, redis_url: str) -> Pa
         "events": {"retry_interval_secs": 0.5},
         "twitch": {"client_id": fake.client_id, "client_secret_file": secret,
                    "helix_url": fake.helix_url, "oauth_url": fake.oauth_url},
-        "streamstatus": {"interval_secs": 0.5, "platforms": "twitch", "request_timeout_secs": 2},
+        "streamstatus": {"interval_secs": 0.5, "platforms": "twitch",
+                         "request_timeout_secs": request_timeout},
         "account.42": {"twitch_user_id": fake.user_id},
     })
     migrate(load(str(path), {}).timescale)
@@ -106,3 +108,19 @@ def test_sigterm_mid_minute_writes_the_partial_window_and_a_restart_merges_into_
     assert db_rows(pg_url, "SELECT external_id, ended_at FROM stream_sessions") == [(stream, None)]
     print(f"SIGTERM to exit with a partial window: {exit_first:.2f}s and {exit_second:.2f}s; "
           f"samples {first} + {second}")
+
+
+def test_a_hanging_helix_does_not_delay_the_shutdown(
+        tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str) -> None:
+    with FakeTwitch() as fake:
+        fake.streams_hang = True  # accepts the request and never answers
+        cfg = _config(tmp_path, fake, pg_server.url(dbname_of(pg_dsn)), redis_url, request_timeout=60)
+        with NotifySocket() as notify, Daemon(cfg, tmp_path / "hang.log", notify=notify) as daemon:
+            notify.wait_for("READY=1", 20)
+            assert fake.wait_for(lambda: len(fake.streams_requests) == 1, 15), daemon.log
+            sent = daemon.signal(signal.SIGTERM)
+            assert daemon.wait(SHUTDOWN_BUDGET + EXIT_SLACK) == 0, daemon.log
+            exit_secs = time.monotonic() - sent
+    print(f"SIGTERM to exit with a Helix request hanging: {exit_secs:.2f}s")
+    assert exit_secs < 2.0, daemon.log  # the request in flight is cut, not waited for
+    assert "shutdown complete" in daemon.log, daemon.log

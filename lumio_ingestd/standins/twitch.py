@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import threading
 import time
 import uuid
@@ -646,6 +647,12 @@ class _HttpServer(ThreadingHTTPServer):
     # full (5 by default: the kernel then resets connections, which Twitch does not).
     request_queue_size = 512
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up on a request (a hung /streams, on purpose) is no error here.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 def _http_handler(standin: TwitchStandin) -> type[BaseHTTPRequestHandler]:
