@@ -47,7 +47,6 @@ partial minute at a stop).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import time
@@ -65,6 +64,7 @@ from ..sessions import OpenSession, StreamChange, offline_external_id
 from ..worker import Worker
 from .apptoken import AppToken, AppTokenError
 from .httpclient import Cancel, HttpResult, HttpUnavailable, join, request
+from .kick.mapping import stream_key
 from .sink import TAKEN, EventSink
 
 log = logging.getLogger(__name__)
@@ -304,10 +304,8 @@ class KickLivestreams(StatusClient):
         return kick_stream_key(account_id, live.started_at)
 
 
-def kick_stream_key(account_id: int, started_at: datetime) -> str:
-    """The id of one Kick stream: from its account and start, to the second."""
-    digest = hashlib.sha256(f"{account_id}:{int(started_at.timestamp())}".encode()).hexdigest()[:24]
-    return f"live:{digest}"
+#: The id of one Kick stream, from its account and start: the Kick mapping's own rule.
+kick_stream_key = stream_key
 
 
 def _id(value: object, what: str) -> str:
