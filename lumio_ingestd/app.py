@@ -115,6 +115,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .emit import PATH as EMIT_PATH
     from .emit import emit_handler
     from .events import EventIngest, EventRetryWorker, event_spool_handler
+    from .events.records import RecordWriters
     from .lifecycle.backfill import StartupBackfill
     from .lifecycle.retention import RetentionWorker
     from .redisclient import connect
@@ -126,9 +127,13 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .sources.kick import build_kick, webhook_key
     from .sources.kick.signature import KeyFormatError
     from .sources.seventv import build_seventv
+    from .sources.sink import EventSink
     from .sources.streamelements import build_streamelements
+    from .sources.streamstatus import build_stream_status
     from .sources.twitch import build_twitch
     from .spool import Spool, SpoolError, SpoolReplayer
+    from .streamstats import KIND as STATS_KIND
+    from .streamstats import StreamStats, canary_record
 
     # Checked before anything is opened: a bad key file is a configuration error.
     try:
@@ -147,7 +152,12 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.closers += [("spool", spool.close), ("database pool", pool.close), ("redis", client.close)]
 
     chat = ChatIngest(client, pool, spool, metrics, cfg)
-    events = EventIngest(client, pool, spool, metrics, cfg)
+    # Writers of parked records (non-event rows on the events' park/spool path).
+    records = RecordWriters()
+    events = EventIngest(client, pool, spool, metrics, cfg, records=records)
+    stats = StreamStats(pool, events.deadletters, spool, metrics,
+                        timeout_secs=cfg.events.insert_timeout_secs)
+    records.register(STATS_KIND, stats.write_record, canary_record)
     spool_handlers = {"chat": chat_spool_handler(chat), "event": event_spool_handler(events)}
 
     def replay(kind: str, entries: list[bytes]) -> None:
@@ -191,7 +201,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.flusher = ChatFlusher(client, pool, metrics, cfg)
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
-        EventRetryWorker(client, pool, metrics, cfg),
+        EventRetryWorker(client, pool, metrics, cfg, records=records),
         SpoolReplayer(spool, replay, metrics, SPOOL_REPLAY_INTERVAL_SECS),
         alerts,
         RetentionWorker(pool, cfg, metrics),
@@ -199,6 +209,13 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     ]
     if kick.subscriptions is not None:
         parts.timers.append(kick.subscriptions)
+    # Stream status (issue 15): live status and viewer statistics, a timer whose
+    # final() writes the current minute's window within the shutdown budget.
+    poller = build_stream_status(cfg, metrics, sink=EventSink(events.persist_event, alerts=alerts,
+                                                              sessions=sessions),
+                                 stats=stats, sessions=sessions)
+    if poller is not None:
+        parts.timers.append(poller)
     parts.probe = ReadinessProbe(client, pool, metrics)
     return parts
 

@@ -25,6 +25,8 @@ FLUSH_RESULTS = ("ok", "failed", "deadlettered", "empty")
 PERSIST_OUTCOMES = ("parked", "recovered", "lost", "rejected")
 SPOOL_KINDS = ("chat", "event")
 JETSTREAM_OPERATIONS = ("create", "update", "delete")
+STATUS_PLATFORMS = ("twitch", "kick")
+STATUS_POLL_ERRORS = ("unavailable", "status", "token", "rate_limited", "bad_response")
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -196,6 +198,36 @@ class Metrics:
         self.stream_session_writes = Counter(
             "events_stream_session_writes", "stream_sessions changes, by result (failed ones are "
             "retried)", ["result"], registry=r)
+
+        # -- stream status and viewer statistics ----------------------------
+        self.source_status_poll_duration = Histogram(
+            "source_status_poll_duration_seconds", "Time of one live-status request to a "
+            "platform API (failed ones included)", ["platform"], buckets=_LATENCY_BUCKETS,
+            registry=r)
+        self.source_status_poll_errors = Counter(
+            "source_status_poll_errors", "Live-status requests that failed, by platform and "
+            "reason (the accounts they covered are polled again next round)",
+            ["platform", "reason"], registry=r)
+        self.source_status_polls = Counter(
+            "source_status_polls", "Live-status requests answered, by platform", ["platform"],
+            registry=r)
+        for platform in STATUS_PLATFORMS:
+            self.source_status_polls.labels(platform)
+            self.source_status_poll_duration.labels(platform)
+            for reason in STATUS_POLL_ERRORS:
+                self.source_status_poll_errors.labels(platform, reason)
+        self.events_stream_sessions_by_poll = Counter(
+            "events_stream_sessions_by_poll", "Stream sessions opened or closed by the "
+            "stream-status poller: the sockets missed the stream.online/offline", ["change"],
+            registry=r)
+        for change in ("opened", "closed"):
+            self.events_stream_sessions_by_poll.labels(change)
+        self.stream_stats_windows = Counter(
+            "events_stream_stats_windows", "Minute windows of viewer statistics: written, parked "
+            "(Redis or the spool; stored later), replayed (merged from there), lost", ["outcome"],
+            registry=r)
+        for outcome in ("written", "parked", "replayed", "lost"):
+            self.stream_stats_windows.labels(outcome)
 
         # -- jetstream -------------------------------------------------------
         # Reconnects and refused frames are the shared source_disconnects and

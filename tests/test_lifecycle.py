@@ -201,6 +201,8 @@ def test_export_by_user_and_by_account_streams_exactly_their_rows(cfg: Config, p
              [event(5, "e5", target, NOW, ("r1",)), event(6, "e6", "other", NOW, (target,))])
         cur.execute("INSERT INTO stream_sessions (account_id, platform, started_at) VALUES (5, 'twitch', %s)",
                     (NOW,))
+        cur.execute("INSERT INTO stream_stats (account_id, platform, ts, viewers_avg, viewers_max, "
+                    "samples) VALUES (5, 'twitch', %s, 1, 1, 1)", (NOW,))
     out = tmp_path / "user.jsonl"
     result = _cli(cfg, "export", "--platform", "twitch", "--user-id", target, "-o", str(out))
     assert result.returncode == 0, result.stderr
@@ -219,6 +221,7 @@ def test_export_by_user_and_by_account_streams_exactly_their_rows(cfg: Config, p
     tables = [json.loads(x)["table"] for x in result.stdout.splitlines()]
     assert tables.count("chat_messages") == 55 and tables.count("events") == 1
     assert tables.count("event_children") == 1 and tables.count("stream_sessions") == 1
+    assert tables.count("stream_stats") == 1
     first = json.loads(result.stdout.splitlines()[0])
     assert first["created_at"].endswith("Z") and first["account_id"] == 5
 
@@ -261,6 +264,9 @@ def test_dissolve_account_deletes_its_rows_and_keys_only(cfg: Config, pool: Pool
              [event(4, "x", "u", NOW, ("k",)), event(42, "y", "u", NOW, ("l",))])
         cur.execute("INSERT INTO stream_sessions (account_id, platform, started_at) VALUES "
                     "(4, 'twitch', %s), (42, 'twitch', %s)", (NOW, NOW))
+        cur.execute("INSERT INTO stream_stats (account_id, platform, ts, viewers_avg, viewers_max, "
+                    "samples) VALUES (4, 'twitch', %s, 1, 1, 1), (42, 'twitch', %s, 1, 1, 1)",
+                    (NOW, NOW))
     r = redis.Redis.from_url(cfg.redis.url)
     for key in (chat_buffer(4), chat_deadletter(4), events_deadletter(4), events_inflight(4, "h:1")):
         r.rpush(key, b"x")
@@ -277,12 +283,13 @@ def test_dissolve_account_deletes_its_rows_and_keys_only(cfg: Config, pool: Pool
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["dissolution"] == {
         "account_id": 4, "chat_messages": 1, "events": 1, "event_children": 1,
-        "stream_sessions": 1, "redis_keys": 4}
+        "stream_sessions": 1, "stream_stats": 1, "redis_keys": 4}
     with pool.transaction() as cur:
         assert rows(cur, "SELECT account_id FROM chat_messages") == {(42,)}
         assert rows(cur, "SELECT account_id FROM events") == {(42,)}
         assert rows(cur, "SELECT user_id FROM event_children") == {("l",)}
         assert rows(cur, "SELECT account_id FROM stream_sessions") == {(42,)}
+        assert rows(cur, "SELECT account_id FROM stream_stats") == {(42,)}
     keys = [k.decode() if isinstance(k, bytes) else k for k in r.keys("lumio:*")]
     assert sorted(keys) == sorted(
         [chat_buffer(42), events_deadletter(42), "lumio:instance:h:1"])

@@ -51,6 +51,7 @@ class Rows:
     bluesky: int
     chat_distinct: int | None = None  # distinct (account, platform, message id), with exact=True
     events_distinct: int | None = None  # distinct (account, external id): every Twitch event has one
+    viewers: int | None = None  # stream_stats: both channels' peak in the latest minute written
 
 
 @dataclass(frozen=True)
@@ -115,16 +116,19 @@ class Observer:
                 self._conn.autocommit = True
             with self._conn.cursor() as cur:
                 cur.execute("SELECT (SELECT count(*) FROM chat_messages), (SELECT count(*) FROM events), "
-                            "(SELECT count(*) FROM event_children), (SELECT count(*) FROM bsky_records)")
-                chat, events, children, bluesky = cur.fetchone() or (0, 0, 0, 0)
+                            "(SELECT count(*) FROM event_children), (SELECT count(*) FROM bsky_records), "
+                            "(SELECT sum(viewers_max) FROM stream_stats "
+                            " WHERE ts = (SELECT max(ts) FROM stream_stats))")
+                chat, events, children, bluesky, viewers = cur.fetchone() or (0, 0, 0, 0, None)
+                viewers = int(viewers) if viewers is not None else None
                 if not exact:
-                    return Rows(chat, events, children, bluesky)
+                    return Rows(chat, events, children, bluesky, viewers=viewers)
                 cur.execute("SELECT count(*) FROM (SELECT DISTINCT account_id, platform, message_id "
                             "FROM chat_messages) d")
                 chat_distinct = (cur.fetchone() or (0,))[0]
                 cur.execute("SELECT count(DISTINCT (account_id, platform, external_id)) FROM events")
                 events_distinct = (cur.fetchone() or (0,))[0]
-                return Rows(chat, events, children, bluesky, chat_distinct, events_distinct)
+                return Rows(chat, events, children, bluesky, chat_distinct, events_distinct, viewers)
         except psycopg2.Error:
             # Expected while --chaos has the database stopped: shown as "db down".
             self._drop_connection()

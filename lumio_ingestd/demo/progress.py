@@ -40,7 +40,7 @@ def status_line(snap: Snapshot, before: Snapshot | None, elapsed: float, phase: 
     return (f"[{elapsed:6.1f}s] {phase} | chat {_chat_rate(snap, before):4.0f}/s sent {sent.chat:,} "
             f"stored {stored_chat} buffer {buffer} | events sent {sent.events:,} stored {stored_events} "
             f"parked {parked} | dead letters chat {chat_dl} | alerts {snap.alerts:,} | bluesky {bluesky} "
-            f"| db {'up' if rows is not None else 'DOWN'}")
+            f"| viewers {sent.viewers:,} | db {'up' if rows is not None else 'DOWN'}")
 
 
 class Console:

@@ -145,6 +145,7 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
 
     interrupted = False
     previous: Snapshot | None = None
+    shown_viewers: int | None = None  # the stored minute of viewer statistics last announced
     while True:
         if _stop_requested(signals, TICK_SECS):
             interrupted = True
@@ -160,6 +161,10 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
                                f"{daemon.log_tail()}")
         snap = snapshot()
         phase = "chaos: db stopped" if chaos is not None and chaos.down else "running"
+        if snap.rows is not None and snap.rows.viewers not in (None, shown_viewers):
+            shown_viewers = snap.rows.viewers
+            console.notice(f"stream_stats: a minute of viewer statistics stored (the poller's "
+                           f"samples): peak {shown_viewers:,} viewers across both channels")
         console.status(status_line(snap, previous, console.elapsed(), phase))
         previous = snap
 

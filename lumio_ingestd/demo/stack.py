@@ -235,6 +235,10 @@ api_url = {kick.api_url}
 oauth_url = {kick.oauth_url}
 webhook_public_key_file = {kick_key}
 
+[streamstatus]
+interval_secs = 2
+platforms = twitch
+
 [jetstream]
 url = {jetstream.url}
 collections = {", ".join(COLLECTIONS)}

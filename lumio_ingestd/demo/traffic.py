@@ -4,7 +4,9 @@
 and whatever the timeline holds for the current half second:
 
 - both channels go live (`stream.online`) on the first turn and offline
-  (`stream.offline`) in `final()`, when the demo stops it;
+  (`stream.offline`) in `final()`, when the demo stops it; meanwhile Helix
+  `/streams` of the stand-in shows them live with a wandering viewer count,
+  which the daemon's stream-status poller samples into `stream_stats`;
 - chat at `rate` messages per second across the two channels (60/40), three
   times as much for the two seconds after a raid;
 - a ten-second cycle of events, alternating the channels: follows, a sub,
@@ -73,6 +75,7 @@ class SentCounts:
     bluesky: int = 0  # records by the accounts' DIDs, in the configured collections
     refused: int = 0  # notifications the stand-in had no open session for (never sent)
     by_type: Mapping[str, int] = field(default_factory=dict)
+    viewers: int = 0  # what Helix /streams shows now, both channels together
 
 
 class _Counts:
@@ -82,6 +85,7 @@ class _Counts:
         self._bluesky = 0
         self._refused = 0
         self._events: Counter[str] = Counter()
+        self.viewers = 0
 
     def add(self, *, chat: int = 0, bluesky: int = 0, refused: int = 0, event: str | None = None) -> None:
         with self._lock:
@@ -91,10 +95,14 @@ class _Counts:
             if event is not None:
                 self._events[event] += 1
 
+    def set_viewers(self, viewers: int) -> None:
+        with self._lock:
+            self.viewers = viewers
+
     def snapshot(self) -> SentCounts:
         with self._lock:
             return SentCounts(self._chat, sum(self._events.values()), self._bluesky, self._refused,
-                              dict(self._events))
+                              dict(self._events), self.viewers)
 
 
 class Traffic(Worker):
@@ -127,6 +135,7 @@ class Traffic(Worker):
         self._tips = tips(self._rng) if tips is not None else None  # StreamElements, when started
         self._seventv = seventv
         self._emote_turns: Counter[int] = Counter()
+        self._viewers: dict[str, int] = {}
 
     @property
     def sent(self) -> SentCounts:
@@ -150,6 +159,7 @@ class Traffic(Worker):
     def final(self) -> None:
         if self._live:
             for account in self._accounts:
+                self._twitch.set_offline(account.twitch_user_id)
                 self._notify(account, "stream.offline", te.offline_event(**self._channel(account)))
             if self._kick is not None and self._kick_channel is not None:
                 k = self._kick_channel
@@ -180,18 +190,37 @@ class Traffic(Worker):
 
     def _go_live(self) -> None:
         for account in self._accounts:
+            stream_id, started = str(self._rng.randrange(10**10, 10**11)), te.now_text()
+            # Helix /streams agrees with the socket: the same stream id (one session, one row).
+            self._viewers[account.twitch_user_id] = self._rng.randrange(80, 400)
+            self._twitch.set_live(account.twitch_user_id, viewers=self._viewers[account.twitch_user_id],
+                                  title=f"{account.login} live", category="Just Chatting",
+                                  stream_id=stream_id, started_at=started, login=account.login)
             self._notify(account, "stream.online", te.online_event(
-                str(self._rng.randrange(10**10, 10**11)), te.now_text(), **self._channel(account)))
+                stream_id, started, **self._channel(account)))
         if self._kick is not None and self._kick_channel is not None:
             k = self._kick_channel
             self._kick_socket(k.event_channel, "StreamerIsLive", "livestream.status.updated", {"livestream": {
                 "id": self._rng.randrange(10**6, 10**7), "channel_id": k.channel_id,
                 "session_title": "demo on Kick", "created_at": te.now_text()}})
+        self._count_viewers()
         self._live = True
         self._notice("the channels went live (stream.online, StreamerIsLive); chat is flowing")
 
+    def _count_viewers(self) -> None:
+        self._counts.set_viewers(sum(self._viewers.values()))
+
+    def _wander(self, account: DemoAccount) -> None:
+        user = account.twitch_user_id
+        self._viewers[user] = max(1, self._viewers[user] + self._rng.randrange(-15, 20))
+        self._twitch.set_live(user, viewers=self._viewers[user], title=f"{account.login} live",
+                              category="Just Chatting", login=account.login)
+        self._count_viewers()
+
     def _play(self, beat: int, now: float) -> None:
         cycle, step = divmod(beat, CYCLE_BEATS)
+        if beat % 2 == 0:
+            self._wander(self._accounts[(beat // 2) % len(self._accounts)])
         a = self._accounts[cycle % len(self._accounts)]
         b = self._accounts[(cycle + 1) % len(self._accounts)]
         user = str(300_000 + self._rng.randrange(5000))

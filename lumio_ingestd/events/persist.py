@@ -24,7 +24,8 @@ themselves (REST emit): the same insert and bound, never parks.
 
 `event_spool_handler(ingest)` is what the spool replayer calls for event
 records: park them in Redis (the retry worker stores them), or insert them
-directly when Redis is down.
+directly when Redis is down. Parked records (events/records.py) ride along:
+the same park, or their writer from `EventIngest.records`.
 
 Durable when `persist_event` returns: "stored"/"duplicate" -> committed in
 the database; "parked" -> acknowledged by Redis; "spooled" -> fsynced in the
@@ -52,6 +53,7 @@ from ..redisclient import REDIS_ERRORS
 from ..spool import SpoolError
 from . import store
 from .deadletter import DeadLetters
+from .records import RecordWriters, record_kind
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,10 @@ class PersistResult:
 
 class EventIngest:
     def __init__(self, redis_client: redis.Redis, pool: Pool, spool: EventSpool | None,
-                 metrics: Metrics, cfg: Config) -> None:
+                 metrics: Metrics, cfg: Config, *, records: RecordWriters | None = None) -> None:
         self._pool = pool
+        #: Writers of parked records (events/records.py), for the spool replay without Redis.
+        self.records = records if records is not None else RecordWriters()
         self._spool = spool
         self.metrics = metrics
         self._timeout = cfg.events.insert_timeout_secs
@@ -134,12 +138,17 @@ class EventIngest:
 
     # -- internals -------------------------------------------------------------
 
-    def _insert(self, ev: PlatformEvent, *, path: str) -> PersistResult | tuple[Exception, Classified]:
+    def _insert(self, ev: PlatformEvent, *, path: str,
+                kind: str | None = None) -> PersistResult | tuple[Exception, Classified]:
         """One bounded attempt: a result when it is settled, else the failure."""
         started = time.monotonic()
+        writer = self.records.get(kind) if kind is not None else None
+        if kind is not None and writer is None:
+            return ValueError(f"no writer for records of kind {kind!r}"), Classified(
+                Kind.PERMANENT, None, f"unknown record kind {kind!r}")
         try:
             with self._pool.transaction(deadline=started + self._timeout) as cur:
-                new = store.insert_event(cur, ev)
+                new = writer(cur, ev) if writer is not None else store.insert_event(cur, ev)
         # Any failure at all, a bug's included, must end with the event parked
         # rather than dropped by the caller's loop; classify() judges it.
         except Exception as exc:  # noqa: BLE001
@@ -159,7 +168,8 @@ class EventIngest:
         self._db_outage.ok()
         if not new:
             return PersistResult("duplicate", ev)
-        self.metrics.events_persisted.labels(path).inc()
+        if writer is None:  # a record's writer counts its own kind
+            self.metrics.events_persisted.labels(path).inc()
         return PersistResult("stored", ev)
 
     def _park(self, ev: PlatformEvent, error: str, sqlstate: str | None) -> PersistResult:
@@ -194,14 +204,14 @@ class EventIngest:
         self.metrics.events_persist_failures.labels("lost").inc()
         return PersistResult("lost", ev, error, sqlstate)
 
-    def store_replayed(self, ev: PlatformEvent) -> PersistResult:
-        """Insert an event that waited in a durable tier (spool, dead letters).
+    def store_replayed(self, ev: PlatformEvent, kind: str | None = None) -> PersistResult:
+        """Insert an event (or a record of `kind`) that waited in a durable tier.
 
         "stored" counts `events_persisted{path="replay"}`, "duplicate" counts
         `recovered`; a failure is returned as "unavailable" (retryable) or
         "rejected" (counted), never parked.
         """
-        failure = self._insert(ev, path="replay")
+        failure = self._insert(ev, path="replay", kind=kind)
         if isinstance(failure, PersistResult):
             if failure.outcome == "duplicate":
                 self.metrics.events_persist_failures.labels("recovered").inc()
@@ -233,17 +243,17 @@ def event_spool_handler(ingest: EventIngest) -> Callable[[str, list[bytes]], Non
     def handle(kind: str, entries: list[bytes]) -> None:
         if kind != SPOOL_KIND:
             raise ValueError(f"event spool handler given a {kind!r} record")
-        events: list[tuple[PlatformEvent, bytes]] = []
+        events: list[tuple[PlatformEvent, bytes, str | None]] = []
         for raw in entries:
             try:
-                events.append((PlatformEvent.from_entry(raw), raw))
+                events.append((PlatformEvent.from_entry(raw), raw, record_kind(raw)))
             except EntryError as exc:
                 ingest.metrics.events_persist_failures.labels("lost").inc()
                 log.error("spooled event entry cannot be decoded, LOST: %s (%s)", exc, _peek(raw))
         if not events:
             return
         by_account: dict[int, list[bytes]] = {}
-        for ev, raw in events:
+        for ev, raw, _ in events:
             by_account.setdefault(ev.account_id, []).append(raw)
         try:
             ingest.deadletters.park_many(by_account)
@@ -251,8 +261,8 @@ def event_spool_handler(ingest: EventIngest) -> Callable[[str, list[bytes]], Non
         except REDIS_ERRORS as exc:
             log.warning("spool replay: Redis refused %d event(s) (%s); inserting directly",
                         len(events), exc)
-        for ev, _raw in events:
-            result = ingest.store_replayed(ev)
+        for ev, _, record in events:
+            result = ingest.store_replayed(ev, record)
             if result.outcome == "unavailable":
                 raise SpoolReplayError(
                     f"spooled events: Redis and the database both refused them ({result.error})")

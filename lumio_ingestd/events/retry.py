@@ -38,6 +38,11 @@ is unhealthy. An entry that no retry can store goes to
   same way) from emptying the dead-letter lists into the quarantine; those
   entries wait, and `db_environmental_errors` alerts.
 
+Parked records (`records`: a minute of viewer statistics, say) share the
+lists and this pass: an entry marked with a record kind is written by the
+writer registered for it instead of `insert_event`, under the same deadline,
+settle and quarantine rules (a kind without a writer: "undecodable").
+
 The lease is checked before every entry; when it is lost (or a stop is
 requested) the remainder is put back and the pass ends at once. A pass also
 ends after `pass_budget_secs` (the rest put back, the next turn starts at
@@ -74,6 +79,7 @@ from ..redisclient import REDIS_ERRORS
 from ..worker import STOP_GRACE_SECS, IntervalWorker
 from . import store
 from .deadletter import DEADLETTER_TTL_SECS, DeadLetters
+from .records import RecordWriters, record_kind
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +130,7 @@ class EventRetryWorker(IntervalWorker):
                  heartbeat_ttl_secs: float | None = None, batch_size: int = 100,
                  stuck_after: int = 5, entry_ttl_secs: float = DEADLETTER_TTL_SECS,
                  pass_budget_secs: float = 20.0, failpoint: Failpoint | None = None,
-                 name: str = "event-retry") -> None:
+                 name: str = "event-retry", records: RecordWriters | None = None) -> None:
         interval = cfg.events.retry_interval_secs
         super().__init__(name, metrics, interval)
         self.instance = instance if instance is not None else cfg.daemon.instance_id
@@ -143,6 +149,7 @@ class EventRetryWorker(IntervalWorker):
         self._stuck_after = max(1, stuck_after)
         self._entry_ttl = timedelta(seconds=entry_ttl_secs)
         self._failpoint = failpoint or _no_failpoint
+        self._records = records if records is not None else RecordWriters()
         self._strikes: dict[str, tuple[str | None, int]] = {}
         # A pass ends after this long and the next turn continues at once, so
         # a large backlog never looks like a hung worker to the watchdog (a
@@ -304,9 +311,16 @@ class EventRetryWorker(IntervalWorker):
             self._quarantine(account, raw, "expired", None, report)
             self.metrics.events_persist_failures.labels("lost").inc()
             return
+        kind = record_kind(raw)
+        writer = self._records.get(kind) if kind is not None else None
+        if kind is not None and writer is None:
+            log.error("parked entry %s of account %d is a record of kind %r that this build "
+                      "cannot store; quarantined", ev.id, account, kind[:40])
+            self._quarantine(account, raw, "undecodable", None, report)
+            return
         try:
             with self._pool.transaction(deadline=time.monotonic() + self._insert_timeout) as cur:
-                new = store.insert_event(cur, ev)
+                new = writer(cur, ev) if writer is not None else store.insert_event(cur, ev)
         except Exception as exc:  # noqa: BLE001 - classify() judges every failure
             if not store.already_stored(exc):
                 self._failed(account, raw, ev, exc, classify(exc), report)
@@ -317,10 +331,12 @@ class EventRetryWorker(IntervalWorker):
         self._strikes.pop(str(ev.id), None)
         if new:
             report.stored += 1
-            self.metrics.events_persisted.labels("replay").inc()
+            if writer is None:  # a record's writer counts its own kind
+                self.metrics.events_persisted.labels("replay").inc()
         else:
             report.recovered += 1
-            self.metrics.events_persist_failures.labels("recovered").inc()
+            if writer is None:
+                self.metrics.events_persist_failures.labels("recovered").inc()
         self._failpoint("events.retry.deleted")
 
     def _failed(self, account: int, raw: bytes, ev: PlatformEvent, exc: Exception,
@@ -336,7 +352,7 @@ class EventRetryWorker(IntervalWorker):
             key = str(ev.id)
             last_state, count = self._strikes.get(key, (why.sqlstate, 0))
             count = count + 1 if last_state == why.sqlstate else 1
-            if count >= self._stuck_after and self._only_this_entry_fails(ev):
+            if count >= self._stuck_after and self._only_this_entry_fails(ev, record_kind(raw)):
                 self._strikes.pop(key, None)
                 log.error("parked event %s (account %d, %s) failed %d passes in a row with %s; "
                           "quarantined as stuck", ev.id, account, ev.type, count, why.reason)
@@ -349,13 +365,15 @@ class EventRetryWorker(IntervalWorker):
                     why.kind.value, why.reason, type(exc).__name__)
         raise _Stop("transient")
 
-    def _only_this_entry_fails(self, ev: PlatformEvent) -> bool:
+    def _only_this_entry_fails(self, ev: PlatformEvent, kind: str | None = None) -> bool:
         """Whether a bare event of the same account and time can be inserted (then rolled back).
 
         A missing table or a revoked grant fails every entry the same way; quarantining
         them one by one would only empty the dead-letter lists into the quarantine.
         Only a failure the canary does not meet is this entry's own.
         """
+        if kind is not None:
+            return self._record_canary_passes(ev, kind)
         # Same shape as the entry (an external id takes the dedup path, children
         # touch event_children), so a table-wide problem on either shows here too.
         canary = PlatformEvent.new(
@@ -373,6 +391,24 @@ class EventRetryWorker(IntervalWorker):
         except Exception as exc:  # noqa: BLE001 - any failure: not provably this entry's
             log.warning("event replay: a canary insert fails too (%s); the problem is not "
                         "event %s's own, it stays parked", classify(exc).reason, ev.id)
+            return False
+        return True
+
+    def _record_canary_passes(self, ev: PlatformEvent, kind: str) -> bool:
+        """`_only_this_entry_fails` for a parked record: its writer's canary, on its table."""
+        canary = self._records.canary(kind)
+        if canary is None:
+            return False  # no way to tell the table's problem from the entry's: it waits
+        try:
+            with self._pool.connection(deadline=time.monotonic() + self._insert_timeout) as conn:
+                try:
+                    with conn.cursor() as cur:
+                        canary(cur, ev)
+                finally:
+                    conn.rollback()
+        except Exception as exc:  # noqa: BLE001 - any failure: not provably this entry's
+            log.warning("record replay: a canary write of kind %r fails too (%s); record %s "
+                        "stays parked", kind, classify(exc).reason, ev.id)
             return False
         return True
 

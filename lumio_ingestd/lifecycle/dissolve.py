@@ -25,6 +25,7 @@ class DissolutionReceipt:
     events: int
     event_children: int
     stream_sessions: int
+    stream_stats: int
     redis_keys: int
 
     def to_json(self) -> str:
@@ -43,7 +44,9 @@ def dissolve_account(pool: Pool, client: redis.Redis, account_id: int) -> Dissol
         events = cur.rowcount
         cur.execute("DELETE FROM stream_sessions WHERE account_id = %s", (account_id,))
         sessions = cur.rowcount
+        cur.execute("DELETE FROM stream_stats WHERE account_id = %s", (account_id,))
+        stats = cur.rowcount
     keys = delete_account_keys(client, account_id)
-    receipt = DissolutionReceipt(account_id, chat, events, children, sessions, keys)
+    receipt = DissolutionReceipt(account_id, chat, events, children, sessions, stats, keys)
     log.info("account dissolved: %s", receipt.to_json())
     return receipt

@@ -95,6 +95,7 @@ def _queries(account: int | None, platform: str | None,
                                     ON c.event_id = e.id AND c.event_created_at = e.created_at
                                  WHERE e.account_id = %s ORDER BY c.event_created_at, c.ordinal""", a),
             ("stream_sessions", "SELECT * FROM stream_sessions WHERE account_id = %s ORDER BY started_at", a),
+            ("stream_stats", "SELECT * FROM stream_stats WHERE account_id = %s ORDER BY ts", a),
         ]
     u = (platform, user_id)
     return [

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from urllib.parse import urlencode
 
 from ..config import Secret
-from .httpclient import HttpUnavailable, request
+from .httpclient import Cancel, HttpUnavailable, request
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,14 @@ class AppToken:
     def configured(self) -> bool:
         return bool(self._client_id) and self._secret is not None
 
-    def get(self) -> str:
-        """The current token, fetched or renewed first when needed; raises AppTokenError."""
+    def get(self, cancel: Cancel | None = None) -> str:
+        """The current token, fetched or renewed first when needed; raises AppTokenError.
+
+        `cancel` lets another thread cut a fetch in flight (a stopping worker).
+        """
         with self._lock:  # single flight: the others wait for this fetch
             if self._token is None or self._clock() >= self._expires_at - self._renew_before:
-                self._fetch()
+                self._fetch(cancel)
             assert self._token is not None
             return self._token.reveal()
 
@@ -76,14 +79,14 @@ class AppToken:
             if self._token is not None and self._token.reveal() == token:
                 self._token = None
 
-    def _fetch(self) -> None:
+    def _fetch(self, cancel: Cancel | None) -> None:
         if not self.configured:
             raise AppTokenError("no client_id and client_secret_file configured")
         assert self._secret is not None
         body = urlencode({"grant_type": "client_credentials", "client_id": self._client_id,
                           "client_secret": self._secret.reveal()}).encode()
         try:
-            result = request("POST", self._url, body=body, timeout=self._timeout,
+            result = request("POST", self._url, body=body, timeout=self._timeout, cancel=cancel,
                              headers={"Content-Type": "application/x-www-form-urlencoded",
                                       "Accept": "application/json"})
         except HttpUnavailable as exc:

@@ -12,7 +12,8 @@ import json
 import socket
 import ssl
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,6 +28,8 @@ class HttpUnavailable(Exception):
 class HttpResult:
     status: int
     body: bytes
+    #: Response headers, names in lower case (rate-limit headers, Retry-After).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def json(self) -> Any:
         try:
@@ -98,7 +101,8 @@ def request(method: str, url: str, *, headers: dict[str, str], body: bytes | Non
         data = response.read(MAX_RESPONSE_BYTES + 1)
         if len(data) > MAX_RESPONSE_BYTES:
             raise HttpUnavailable(f"{method} {parts.path}: response larger than {MAX_RESPONSE_BYTES} bytes")
-        return HttpResult(response.status, data)
+        return HttpResult(response.status, data,
+                          {k.lower(): v for k, v in response.getheaders()})
     except (OSError, http.client.HTTPException) as exc:
         raise HttpUnavailable(f"{method} {host}{parts.path}: {type(exc).__name__}: {exc}") from None
     finally:

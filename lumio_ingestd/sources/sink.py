@@ -7,18 +7,24 @@ of them store and announce an event the same way:
   spool, else counted lost) and publishes the live alert when the event was
   taken now (stored, parked or spooled; not a redelivery the database
   already had); a `StreamChange` then opens or closes `stream_sessions`.
+- An offline change is keyed by the stream it ends before it is persisted:
+  `external_id` = `offline_external_id(stream id)`, the stream from the
+  change itself or else `StreamSessions.stream_before` (sessions.py). The
+  stream-status poller keys its offline the same way, so both paths give
+  one row. Without a known stream the event keeps the id its mapping gave.
 
 Durable when `persist` returns: whatever its `PersistResult` says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
 from ..events.persist import PersistResult
 from ..model import PlatformEvent
-from ..sessions import StreamChange, StreamSessions
+from ..sessions import StreamChange, StreamSessions, offline_external_id
 
 #: The outcomes that mean: this delivery was taken now (and is announced).
 TAKEN = ("stored", "parked", "spooled")
@@ -36,6 +42,8 @@ class EventSink:
         self.sessions = sessions
 
     def persist(self, ev: PlatformEvent, stream: StreamChange | None = None) -> PersistResult:
+        if stream is not None and stream.kind == "offline" and self.sessions is not None:
+            ev, stream = self._key_offline(ev, stream)
         result = self._persist_event(ev)
         if result.outcome in TAKEN:
             if self._alerts is not None:
@@ -44,6 +52,16 @@ class EventSink:
         if stream is not None and self.sessions is not None:
             self.sessions.apply(ev.account_id, stream)
         return result
+
+    def _key_offline(self, ev: PlatformEvent,
+                     stream: StreamChange) -> tuple[PlatformEvent, StreamChange]:
+        assert self.sessions is not None
+        stream_id = stream.stream_id or self.sessions.stream_before(
+            ev.account_id, stream.platform, stream.at)
+        if not stream_id:
+            return ev, stream
+        return (dataclasses.replace(ev, external_id=offline_external_id(stream_id)),
+                dataclasses.replace(stream, stream_id=stream_id))
 
     def taken(self, result: PersistResult) -> None:
         """Called once for every event taken now (subclasses count their own kinds here)."""

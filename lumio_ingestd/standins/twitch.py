@@ -27,7 +27,18 @@ document, over real sockets:
   session; `helix_delay_secs` and `helix_status` inject slowness and errors.
 - OAuth `GET {oauth_url}/validate` (`Authorization: OAuth <token>`) and
   `POST {oauth_url}/token` (grant_type=refresh_token with the client id and
-  secret): 200 with a fresh pair, 400 for a wrong refresh token.
+  secret): 200 with a fresh pair, 400 for a wrong refresh token;
+  grant_type=client_credentials: 200 with a new app token (`app_tokens`).
+- Helix `GET {helix_url}/streams?user_id=..&user_id=..` (up to 100 ids, an
+  app or user token and `Client-Id`): the live streams among them, as
+  `{"data": [{id, user_id, user_login, user_name, game_id, game_name, type,
+  title, viewer_count, started_at, ...}], "pagination": {}}`, with the
+  token-bucket headers `Ratelimit-Limit`, `Ratelimit-Remaining` and
+  `Ratelimit-Reset` (epoch seconds), and 429 once the bucket is empty.
+  `set_live()` / `set_offline()` drive it; `streams_hang` makes it accept
+  and never answer, `streams_status` forces an error, `streams_extra` adds
+  items (malformed ones) to every answer, `streams_requests` records every
+  request.
 
 Callers drive it with `notify()`, `send_raw()`, `send_bulk()` (load), `reconnect()`, `revoke()`,
 `close_session()`, `set_keepalive()` and `expire_access_token()`, and read
@@ -47,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import threading
 import time
 import uuid
@@ -138,6 +150,19 @@ class TwitchStandin:
         self.helix_delay_secs = 0.0
         self.helix_status: dict[str, int] = {}  # subscription type -> forced error status
         self.sessions: list[StandinSession] = []
+        # Helix /streams: user id -> the stream object; the app tokens given out.
+        self.live: dict[str, dict[str, Any]] = {}
+        self.app_tokens: list[str] = []
+        self.app_token_lifetime_secs = 5_000_000
+        self.app_token_grants = 0
+        self.streams_requests: list[dict[str, Any]] = []  # {"status", "user_ids", "token"}
+        self.streams_status: int | None = None  # forced error status of GET /streams
+        self.streams_hang = False  # accept GET /streams and never answer (until close)
+        self.streams_extra: list[Any] = []  # items added to every answer (malformed ones, say)
+        self.ratelimit_points = 800  # the bucket: points per minute
+        self._bucket = 800
+        self._bucket_reset = 0.0
+        self._unhang = threading.Event()
         self.subscriptions: list[dict[str, Any]] = []  # every subscription created (with "elapsed")
         self.helix_requests: list[tuple[int, str]] = []  # (status, type)
         self.inbound: list[tuple[str, object]] = []  # (session id, data frame) the client sent
@@ -174,6 +199,7 @@ class TwitchStandin:
 
     def close(self) -> None:
         self._stop.set()
+        self._unhang.set()
         if self._ws is not None:
             self._ws.shutdown()
         if self._http is not None:
@@ -464,7 +490,77 @@ class TwitchStandin:
         with self._lock:
             self.access_token = f"expired-{next(self._tokens)}-unusable"
 
+    def set_live(self, user_id: str, *, viewers: int, title: str = "", category: str = "",
+                 stream_id: str | None = None, started_at: str | None = None,
+                 login: str | None = None) -> str:
+        """`user_id` is live (or its numbers change); returns the stream id."""
+        with self._lock:
+            current = self.live.get(user_id)
+            sid = stream_id or (current["id"] if current else str(next(self._counter) + 40_000_000))
+            started = started_at or (current["started_at"] if current and current["id"] == sid
+                                     else now_text())
+            login = login or f"user{user_id}"
+            self.live[user_id] = {
+                "id": sid, "user_id": user_id, "user_login": login, "user_name": login.title(),
+                "game_id": str(abs(hash(category)) % 100000) if category else "",
+                "game_name": category, "type": "live", "title": title, "viewer_count": viewers,
+                "started_at": started, "language": "en", "tags": [], "is_mature": False,
+                "thumbnail_url": f"https://static.example/previews/{login}-{{width}}x{{height}}.jpg"}
+            return sid
+
+    def set_offline(self, user_id: str) -> None:
+        with self._lock:
+            self.live.pop(user_id, None)
+
+    def expire_app_tokens(self) -> None:
+        """Every app token given out so far stops working (Helix answers 401)."""
+        with self._lock:
+            self.app_tokens.clear()
+
     # -- the HTTP side -----------------------------------------------------------------------
+
+    def _streams(self, headers: Mapping[str, str], query: str
+                 ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        params = parse_qs(query)
+        user_ids = params.get("user_id", [])
+        token = (headers.get("authorization") or "").removeprefix("Bearer ")
+        record: dict[str, Any] = {"user_ids": list(user_ids), "token": token, "status": 0}
+        with self._lock:
+            self.streams_requests.append(record)
+        self._notify_changed()
+        if self.streams_hang:
+            self._unhang.wait(120)
+        now = time.time()
+        with self._lock:
+            if now >= self._bucket_reset:
+                self._bucket, self._bucket_reset = self.ratelimit_points, float(int(now) + 60)
+            status, obj = self._streams_answer(headers, token, user_ids)
+            if status != 429:
+                self._bucket = max(0, self._bucket - 1)
+            limits = {"Ratelimit-Limit": str(self.ratelimit_points),
+                      "Ratelimit-Remaining": str(self._bucket),
+                      "Ratelimit-Reset": str(int(self._bucket_reset))}
+            record["status"] = status
+        self._notify_changed()
+        return status, obj, limits
+
+    def _streams_answer(self, headers: Mapping[str, str], token: str,
+                        user_ids: list[str]) -> tuple[int, dict[str, Any]]:
+        if headers.get("client-id") != self.client_id:
+            return 401, {"error": "Unauthorized", "status": 401, "message": "Client-Id header required"}
+        if token not in self.app_tokens and token != self.access_token:
+            return 401, {"error": "Unauthorized", "status": 401, "message": "Invalid OAuth token"}
+        if self._bucket <= 0:
+            return 429, {"error": "Too Many Requests", "status": 429, "message": "Too Many Requests"}
+        if self.streams_status is not None:
+            return self.streams_status, {"error": "Forced", "status": self.streams_status,
+                                         "message": f"forced {self.streams_status}"}
+        if len(user_ids) > 100:
+            return 400, {"error": "Bad Request", "status": 400,
+                         "message": "The number of user_id query parameters exceeds the maximum of 100"}
+        data: list[Any] = [dict(self.live[u]) for u in dict.fromkeys(user_ids) if u in self.live]
+        return 200, {"data": data + list(self.streams_extra), "pagination": {}}
+
 
     def _helix_subscribe(self, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         if self.helix_delay_secs:
@@ -520,6 +616,8 @@ class TwitchStandin:
 
     def _token(self, body: bytes) -> tuple[int, dict[str, Any]]:
         form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+        if form.get("grant_type") == "client_credentials":
+            return self._app_token(form)
         with self._lock:
             self.refreshes += 1
             if (form.get("grant_type") != "refresh_token" or form.get("client_id") != self.client_id
@@ -533,20 +631,40 @@ class TwitchStandin:
                          "expires_in": 14000, "scope": ["user:read:chat"], "token_type": "bearer"}
 
 
+    def _app_token(self, form: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.app_token_grants += 1
+            if form.get("client_id") != self.client_id or form.get("client_secret") != self.client_secret:
+                return 400, {"status": 400, "message": "invalid client secret"}
+            token = f"app-{next(self._tokens)}"
+            self.app_tokens.append(token)
+            return 200, {"access_token": token, "expires_in": self.app_token_lifetime_secs,
+                         "token_type": "bearer"}
+
+
 class _HttpServer(ThreadingHTTPServer):
     # Hundreds of sources subscribing at once must not find the accept queue
     # full (5 by default: the kernel then resets connections, which Twitch does not).
     request_queue_size = 512
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up on a request (a hung /streams, on purpose) is no error here.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
 
 def _http_handler(standin: TwitchStandin) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"
 
-        def _answer(self, status: int, obj: Mapping[str, Any]) -> None:
+        def _answer(self, status: int, obj: Mapping[str, Any],
+                    headers: Mapping[str, str] | None = None) -> None:
             body = json.dumps(obj).encode()
             self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -556,8 +674,11 @@ def _http_handler(standin: TwitchStandin) -> type[BaseHTTPRequestHandler]:
             return {k.lower(): v for k, v in self.headers.items()}
 
         def do_GET(self) -> None:  # noqa: N802 - the standard library's name
-            if urlsplit(self.path).path == "/oauth2/validate":
+            parts = urlsplit(self.path)
+            if parts.path == "/oauth2/validate":
                 self._answer(*standin._validate(self._headers()))
+            elif parts.path == "/helix/streams":
+                self._answer(*standin._streams(self._headers(), parts.query))
             else:
                 self._answer(404, {"message": "not found"})
 
