@@ -267,6 +267,8 @@ def test_dissolve_account_deletes_its_rows_and_keys_only(cfg: Config, pool: Pool
         cur.execute("INSERT INTO stream_stats (account_id, platform, ts, viewers_avg, viewers_max, "
                     "samples) VALUES (4, 'twitch', %s, 1, 1, 1), (42, 'twitch', %s, 1, 1, 1)",
                     (NOW, NOW))
+        cur.execute("INSERT INTO seventv_emote_sets (account_id, emote_set_id, version) VALUES "
+                    "(4, 'set4', 1), (42, 'set42', 1)")
     r = redis.Redis.from_url(cfg.redis.url)
     for key in (chat_buffer(4), chat_deadletter(4), events_deadletter(4), events_inflight(4, "h:1")):
         r.rpush(key, b"x")
@@ -283,13 +285,14 @@ def test_dissolve_account_deletes_its_rows_and_keys_only(cfg: Config, pool: Pool
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["dissolution"] == {
         "account_id": 4, "chat_messages": 1, "events": 1, "event_children": 1,
-        "stream_sessions": 1, "stream_stats": 1, "redis_keys": 4}
+        "stream_sessions": 1, "stream_stats": 1, "seventv_emote_sets": 1, "redis_keys": 4}
     with pool.transaction() as cur:
         assert rows(cur, "SELECT account_id FROM chat_messages") == {(42,)}
         assert rows(cur, "SELECT account_id FROM events") == {(42,)}
         assert rows(cur, "SELECT user_id FROM event_children") == {("l",)}
         assert rows(cur, "SELECT account_id FROM stream_sessions") == {(42,)}
         assert rows(cur, "SELECT account_id FROM stream_stats") == {(42,)}
+        assert rows(cur, "SELECT account_id FROM seventv_emote_sets") == {(42,)}
     keys = [k.decode() if isinstance(k, bytes) else k for k in r.keys("lumio:*")]
     assert sorted(keys) == sorted(
         [chat_buffer(42), events_deadletter(42), "lumio:instance:h:1"])

@@ -26,6 +26,7 @@ class DissolutionReceipt:
     event_children: int
     stream_sessions: int
     stream_stats: int
+    seventv_emote_sets: int
     redis_keys: int
 
     def to_json(self) -> str:
@@ -46,7 +47,9 @@ def dissolve_account(pool: Pool, client: redis.Redis, account_id: int) -> Dissol
         sessions = cur.rowcount
         cur.execute("DELETE FROM stream_stats WHERE account_id = %s", (account_id,))
         stats = cur.rowcount
+        cur.execute("DELETE FROM seventv_emote_sets WHERE account_id = %s", (account_id,))
+        emote_sets = cur.rowcount
     keys = delete_account_keys(client, account_id)
-    receipt = DissolutionReceipt(account_id, chat, events, children, sessions, stats, keys)
+    receipt = DissolutionReceipt(account_id, chat, events, children, sessions, stats, emote_sets, keys)
     log.info("account dissolved: %s", receipt.to_json())
     return receipt
