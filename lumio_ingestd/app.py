@@ -380,7 +380,9 @@ class App:
         self.parts = parts
         parts.routes.add("GET", "/healthz", self._healthz)
         parts.routes.add("GET", "/readyz", self._readyz)
-        self.http = HttpServer(cfg.http.listen_host, cfg.http.listen_port, parts.routes, self.metrics)
+        self.http = HttpServer(cfg.http.listen_host, cfg.http.listen_port, parts.routes, self.metrics,
+                               trusted_proxy_header=cfg.http.trusted_proxy_header,
+                               max_connections_per_client=cfg.http.max_connections_per_client)
         self.metrics_server = MetricsServer(cfg.metrics.listen_host, cfg.metrics.listen_port,
                                             self.metrics.registry)
         try:
