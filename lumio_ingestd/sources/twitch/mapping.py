@@ -29,7 +29,8 @@ of `source_bad_frames`): "utf8", "nul" (a raw NUL byte: not valid JSON text),
 "json", "too_deep" (nested deeper than `boundedjson.DEFAULT_MAX_DEPTH`),
 "shape" (a field missing or of the wrong type), "time" (a timestamp
 outside 2000 .. now + 1 day), "too_large" (and, from the socket reader,
-"binary"). A `\\u0000` escape inside a string
+"binary"; from the source's subscription checks, "foreign_channel" and
+"unsubscribed"). A `\\u0000` escape inside a string
 is valid JSON; the model repairs it (U+FFFD) and counts it as sanitized.
 
 Nothing durable here.
