@@ -132,6 +132,8 @@ class TwitchSource(Source):
         except Exception:  # clean up, then let it propagate
             self.client.reset()
             raise
+        # Welcomed and subscribed: the next loss reconnects after the minimum backoff.
+        self.mark_healthy()
 
     def read_once(self) -> None:
         try:
