@@ -288,7 +288,10 @@ class Spool:
     def _open_locked(self) -> None:
         self._segments = []
         if not self._dir.is_dir():
-            self._dir.mkdir(parents=True, exist_ok=True)
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # The spool holds chat text and event payloads: the daemon's user only,
+            # whatever the umask (mkdir's mode is masked by it).
+            os.chmod(self._dir, 0o700)
             _fsync_dir(self._dir.parent)
         self._lock_fd = os.open(self._dir / "spool.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
