@@ -41,7 +41,7 @@ def test_park_many_sends_one_multi_per_account(redis_url: str) -> None:
     def watch() -> None:
         with client.monitor() as monitor:  # type: ignore[no-untyped-call]
             ready.set()
-            for item in monitor.listen():  # type: ignore[no-untyped-call]
+            for item in monitor.listen():
                 command = str(item["command"])
                 lines.append(command)
                 if "lumio:test:park-done" in command:
