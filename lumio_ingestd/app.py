@@ -116,6 +116,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .emit import emit_handler
     from .events import EventIngest, EventRetryWorker, event_spool_handler
     from .events.records import RecordWriters
+    from .framequarantine import FrameQuarantine
     from .lifecycle.backfill import StartupBackfill
     from .lifecycle.retention import RetentionWorker
     from .redisclient import connect
@@ -123,6 +124,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .sessions import StreamSessions
     from .seventv.store import SetStateStore
     from .sources import SourceDeps, build_sources
+    from .sources.base import Source
     from .sources.jetstream import build_jetstream
     from .sources.kick import build_kick, webhook_key
     from .sources.kick.signature import KeyFormatError
@@ -198,6 +200,13 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
                             alerts=alerts)
     if seventv is not None:
         parts.sources.append(seventv)
+    # Refused frames keep their raw bytes (RELIABILITY.md B17).
+    frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
+    for source in parts.sources:
+        if isinstance(source, Source):
+            source.frame_quarantine = frames
+    if twitch.webhook is not None:
+        twitch.webhook.frame_quarantine = frames
     parts.flusher = ChatFlusher(client, pool, metrics, cfg)
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),

@@ -2,11 +2,14 @@
 
 - the spool directory is created 0700 whatever the umask;
 - `DeadLetters.park_many` sends one MULTI per account (each MULTI touches one
-  Redis Cluster slot), observed on a real Redis with MONITOR.
+  Redis Cluster slot), observed on a real Redis with MONITOR;
+- refused frames are kept with their raw bytes in a bounded file quarantine
+  (RELIABILITY.md B17).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import stat
@@ -15,10 +18,14 @@ from pathlib import Path
 
 import redis
 
-from harness.servers import wait_until
+from fakes.twitch import FakeTwitch
+from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.events.deadletter import DeadLetters
+from lumio_ingestd.framequarantine import FrameQuarantine
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.spool import Spool
+from support import dbname_of
+from twitch_support import make_rig
 
 
 def test_the_spool_directory_is_created_0700_whatever_the_umask(tmp_path: Path) -> None:
@@ -71,3 +78,44 @@ def test_park_many_sends_one_multi_per_account(redis_url: str) -> None:
     for account, n in ((7, 2), (8, 1), (9, 1)):
         assert client.llen(f"lumio:events:deadletter:{{{account}}}") == n
     client.close()
+
+
+def test_refused_frames_are_kept_with_their_raw_bytes_and_the_quarantine_is_bounded(
+        tmp_path: Path) -> None:
+    metrics = Metrics()
+    frames = FrameQuarantine(tmp_path / "quarantine", metrics, max_bytes=4096, max_frame_bytes=100)
+    frames.add("twitch", "json", b"\xff not json")
+    frames.add("bluesky", "too_large", b"x" * 1000, "a frame of 1000 bytes")
+    first, second = frames.entries()
+    assert (first["platform"], first["reason"], base64.b64decode(str(first["raw_b64"]))) == \
+        ("twitch", "json", b"\xff not json")
+    assert (second["size"], second["truncated"], len(base64.b64decode(str(second["raw_b64"])))) == \
+        (1000, True, 100)
+    for i in range(200):
+        frames.add("twitch", "json", f"frame {i}".encode())
+    kept = frames.entries()
+    total = sum(p.stat().st_size for p in (tmp_path / "quarantine").iterdir())
+    assert total <= 2 * 4096 and kept[-1]["raw_b64"] == base64.b64encode(b"frame 199").decode()
+    assert stat.S_IMODE((tmp_path / "quarantine").stat().st_mode) == 0o700
+    assert metrics.registry.get_sample_value("frames_quarantined_total", {"result": "kept"}) == 202
+
+
+def test_the_twitch_source_quarantines_a_refused_frame_with_its_bytes(
+        tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str) -> None:
+    with FakeTwitch(min_keepalive=1) as fake:
+        rig = make_rig(tmp_path, pg_server.url(dbname_of(pg_dsn)), redis_url, fake)
+        try:
+            src = rig.source()
+            quarantine = FrameQuarantine(tmp_path / "q", rig.metrics)
+            src.frame_quarantine = quarantine
+            src.start()
+            s1 = fake.wait_session(1)
+            assert fake.wait_for(lambda: len(s1.subscriptions) == 11 and s1.open, 10)
+            assert fake.send_raw(s1, b"\xff\xfe not utf-8")
+            assert fake.send_raw(s1, "[" * 5000 + "]" * 5000)
+            assert wait_until(lambda: len(quarantine.entries()) == 2, 10)
+            utf8, deep = quarantine.entries()
+            assert (utf8["reason"], base64.b64decode(str(utf8["raw_b64"]))) == ("utf8", b"\xff\xfe not utf-8")
+            assert deep["reason"] == "too_deep" and deep["size"] == 10_000
+        finally:
+            rig.close()

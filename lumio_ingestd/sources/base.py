@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..framequarantine import FrameSink
 from ..metrics import Metrics
 from ..worker import Worker
 
@@ -150,6 +151,8 @@ class Source(Worker):
         self._healthy = False
         self._rng = random.Random()
         self.source_state = SourceState(self.platform, metrics)
+        #: Where refused frames go with their raw bytes (B17); set by the composition root.
+        self.frame_quarantine: FrameSink | None = None
 
     # -- for subclasses ----------------------------------------------------------
 
@@ -167,6 +170,11 @@ class Source(Worker):
 
     def release(self) -> None:
         """Hand what is held in memory to durable storage (called before stopping)."""
+
+    def quarantine_frame(self, reason: str, raw: bytes | str, detail: str = "") -> None:
+        """Keep a refused frame's bytes (the caller counted it in source_bad_frames)."""
+        if self.frame_quarantine is not None:
+            self.frame_quarantine.add(self.platform, reason, raw, detail)
 
     def mark_healthy(self) -> None:
         """The current session is up and doing its work (for a platform: connected and

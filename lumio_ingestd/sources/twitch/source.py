@@ -267,8 +267,9 @@ class TwitchSource(Source):
         if not self.active:
             raise SourceClosed("every subscription was revoked")
 
-    def on_bad_frame(self, exc: BadFrame) -> None:
+    def on_bad_frame(self, exc: BadFrame, raw: bytes = b"") -> None:
         self.metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
+        self.quarantine_frame(exc.reason, raw, str(exc))
         log.warning("%s: refused a frame (%s): %s", self.name, exc.reason, exc)
 
     def on_unsupported(self, env: Envelope) -> None:

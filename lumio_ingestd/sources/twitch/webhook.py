@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 
 from ...config import Secret
+from ...framequarantine import FrameSink
 from ...httpserver import Request, Response
 from ...logs import Throttled
 from ...metrics import Metrics
@@ -97,6 +98,8 @@ class TwitchWebhook:
         self._gifts: dict[int, GiftLinker] = {}
         self._types = frozenset(types if types is not None else (s.type for s in SUBSCRIPTIONS))
         self._refused_log = Throttled(log)
+        #: Where refused bodies go with their raw bytes (B17); set by the composition root.
+        self.frame_quarantine: FrameSink | None = None
 
     def handle(self, request: Request) -> Response:
         response, result = self._handle(request)
@@ -199,6 +202,8 @@ class TwitchWebhook:
             notes = map_notification(account_id, sub_type, body, message_id, sent_at)
         except BadFrame as exc:
             self._metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
+            if self.frame_quarantine is not None:
+                self.frame_quarantine.add(PLATFORM, exc.reason, request.body, str(exc))
             log.warning("twitch webhook: refused delivery %s (%s): %s", message_id[:64], exc.reason, exc)
             return Response.json(400, {"error": f"bad body: {exc}"}), "bad_request"
         lost = 0
