@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from . import exitcodes
 from .config import Config, ConfigError, redacted_lines
@@ -51,6 +52,9 @@ from .sdnotify import Notifier, watchdog_interval
 from .shutdown import Shutdown, ShutdownReport, Stage
 from .signals import RELOAD_SIGNALS, STOP_SIGNALS, SignalQueue
 from .worker import Worker
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger("lumio_ingestd.app")
 
@@ -103,8 +107,36 @@ Builder = Callable[[Config, Metrics], Parts]
 # --------------------------------------------------------------------------- composition
 
 
+def _claim_instance(cfg: Config, client: redis.Redis) -> None:
+    """Refuse to start while another live process runs with the same instance id.
+
+    Two such processes would share every in-flight key; the claim tokens keep
+    them from deleting each other's batches, and this keeps the second one from
+    running at all. Redis unreachable: started all the same (the chat workers
+    take the claim on their first heartbeat, and leave other tokens' lists alone).
+    """
+    from .chat.flusher import default_heartbeat_ttl
+    from .chat.lists import InstanceClaim
+    from .redisclient import REDIS_ERRORS
+
+    claim = InstanceClaim(client, cfg.daemon.instance_id, default_heartbeat_ttl(cfg))
+    try:
+        holder = claim.take()
+    except REDIS_ERRORS as exc:
+        log.warning("cannot check whether instance id %r is in use (Redis: %s); starting anyway",
+                    cfg.daemon.instance_id, type(exc).__name__)
+        return
+    if holder is not None:
+        raise StartupError(
+            f"instance id {cfg.daemon.instance_id!r} is in use by another running process "
+            f"({holder}); give each replica its own [daemon] instance_id (or leave it empty for "
+            f"hostname:pid). A crashed process's claim expires within "
+            f"{default_heartbeat_ttl(cfg):.0f}s")
+
+
 def build(cfg: Config, metrics: Metrics) -> Parts:
-    """Make and wire every part of the daemon. Contacts no server (no reachability gate)."""
+    """Make and wire every part of the daemon. Contacts no server (no reachability gate)
+    but for one bounded Redis call: the instance claim (`_claim_instance`)."""
     # Imported here so that the runtime above stays importable on its own.
     from .alerts import STREAM_PATH, AlertPublisher, stream_handler
     from .chat.deadletter import ChatDeadLetterDrain
@@ -143,12 +175,18 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     except KeyFormatError as exc:
         raise StartupError(str(exc), exitcodes.CONFIG) from exc
     parts = Parts()
+    client = connect(cfg.redis)
+    try:
+        _claim_instance(cfg, client)
+    except StartupError:
+        client.close()
+        raise
     spool = Spool(cfg.daemon.state_dir / "spool", cfg.daemon.spool_max_bytes, metrics)
     try:
         spool.open()
     except SpoolError as exc:
+        client.close()
         raise StartupError(f"cannot open the spool: {exc}") from exc
-    client = connect(cfg.redis)
     pool = Pool(cfg.timescale)
     # Closed last: every part above may still write into them while it stops.
     parts.closers += [("spool", spool.close), ("database pool", pool.close), ("redis", client.close)]

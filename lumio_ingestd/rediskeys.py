@@ -40,6 +40,16 @@ def instance_heartbeat(instance: str) -> str:
     return f"lumio:instance:{instance}"
 
 
+def chat_claims(account_id: int) -> str:
+    """Hash: in-flight owner -> the claim token of the process whose batch its list holds."""
+    return f"lumio:chat:claims:{{{account_id}}}"
+
+
+def instance_claim(instance: str) -> str:
+    """The claim token of the one process running as `instance` (a string with a TTL)."""
+    return f"lumio:claim:{instance}"
+
+
 def account_of(key: str) -> int:
     """The account id inside a key's braces."""
     start = key.index("{") + 1
