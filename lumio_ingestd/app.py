@@ -148,6 +148,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .emit import emit_handler
     from .events import EventIngest, EventRetryWorker, event_spool_handler
     from .events.records import RecordWriters
+    from .events.held import HeldGifts
     from .framequarantine import FrameQuarantine
     from .lifecycle.backfill import StartupBackfill
     from .lifecycle.retention import RetentionWorker
@@ -214,7 +215,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     twitch = build_twitch(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "twitch"),
                           chat_queue=lambda name: ChatQueue(chat, metrics),
                           chat=chat.buffer_or_persist, persist_event=events.persist_event,
-                          alerts=alerts)
+                          alerts=alerts, held=HeldGifts(client, cfg.daemon.instance_id))
     parts.sources += twitch.sources
     twitch.add_routes(parts.routes)
     # StreamElements tips and activities (issue 13): one Astro socket per account.

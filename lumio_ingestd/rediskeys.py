@@ -36,6 +36,11 @@ def events_inflight(account_id: int, instance: str) -> str:
     return f"lumio:events:inflight:{{{account_id}}}:{instance}"
 
 
+def events_held(account_id: int, instance: str) -> str:
+    """Hash: durable copies of the gift bombs an instance holds in memory (events/held.py)."""
+    return f"lumio:events:held:{{{account_id}}}:{instance}"
+
+
 def instance_heartbeat(instance: str) -> str:
     return f"lumio:instance:{instance}"
 
