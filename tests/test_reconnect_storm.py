@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import twitch_frames as tf
@@ -26,6 +27,8 @@ from support import dbname_of
 from twitch_support import make_rig
 
 RECONNECTS = int(os.environ.get("LUMIO_STORM_RECONNECTS", "100"))
+#: Set LUMIO_STORM_TRACEMALLOC=1 to print where memory grew (by file) after the first 10.
+TRACE = bool(os.environ.get("LUMIO_STORM_TRACEMALLOC"))
 
 
 def _fds() -> int:
@@ -63,6 +66,7 @@ def test_forced_reconnects_of_healthy_sessions_wait_the_minimum_and_leak_nothing
             sent: list[str] = []
             gaps: list[float] = []
             baseline: tuple[int, int, int] | None = None
+            traced: tracemalloc.Snapshot | None = None
             started = time.monotonic()
             for n in range(2, RECONNECTS + 2):
                 mid = f"storm-{n}"
@@ -80,6 +84,9 @@ def test_forced_reconnects_of_healthy_sessions_wait_the_minimum_and_leak_nothing
                 if n == 11:
                     assert wait_until(lambda: set(sent) <= set(rig.chat_ids()), 10)
                     baseline = (_fds(), threading.active_count(), _rss_kib())
+                    if TRACE:
+                        tracemalloc.start()
+                        traced = tracemalloc.take_snapshot()
             took = time.monotonic() - started
             assert wait_until(lambda: set(sent) <= set(rig.chat_ids()), 15)
             assert rig.chat_ids() == {mid: 1 for mid in sent}  # exactly once
@@ -88,6 +95,15 @@ def test_forced_reconnects_of_healthy_sessions_wait_the_minimum_and_leak_nothing
             print(f"\n{RECONNECTS} forced reconnects in {took:.1f}s (slowest {max(gaps):.2f}s); "
                   f"after the first 10: fds {baseline[0]} -> {fds}, threads {baseline[1]} -> "
                   f"{threads}, RSS {baseline[2]} -> {rss} KiB")
+            if TRACE:
+                assert traced is not None
+                grown = tracemalloc.take_snapshot().compare_to(traced, "filename")
+                tracemalloc.stop()
+                for stat in grown[:8]:
+                    print(f"  {stat.size_diff / 1024:+.0f} KiB  {stat.traceback[0].filename}")
+                ours = sum(st.size_diff for st in grown if "/lumio_ingestd/" in st.traceback[0].filename
+                           and "/standins/" not in st.traceback[0].filename)
+                print(f"  daemon code (lumio_ingestd without the stand-ins): {ours / 1024:+.0f} KiB")
             assert fds - baseline[0] <= 4
             assert threads - baseline[1] <= 2
             assert rss - baseline[2] < 30 * 1024
