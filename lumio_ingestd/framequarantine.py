@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from . import boundedjson
 from .logs import Throttled
 from .metrics import Metrics
 from .model import format_time
@@ -99,5 +100,5 @@ class FrameQuarantine:
                 text = path.read_text(encoding="utf-8")
             except FileNotFoundError:
                 continue
-            out += [json.loads(line) for line in text.splitlines() if line]
+            out += [boundedjson.loads(line) for line in text.splitlines() if line]
         return out

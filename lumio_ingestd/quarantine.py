@@ -41,8 +41,8 @@ WRAPPER_KEYS = ("reason", "sqlstate", "quarantined_at")
 def parse_quarantined(raw: bytes) -> dict[str, Any] | None:
     """The quarantine entry as a JSON object, or None when it is not one."""
     try:
-        obj: Any = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        obj: Any = boundedjson.loads(raw, max_bytes=1 << 30)
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 

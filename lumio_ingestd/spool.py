@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import re
@@ -72,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+from . import boundedjson
 from .metrics import Metrics
 from .worker import IntervalWorker
 
@@ -819,8 +819,8 @@ def _count_segment(path: Path, start: int, info: SpoolInfo) -> None:
 
 def _created_at(payload: bytes) -> str | None:
     try:
-        obj = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+        obj = boundedjson.loads(payload, max_bytes=1 << 30)
+    except ValueError:
         return None
     value = obj.get("created_at") if isinstance(obj, dict) else None
     return value if isinstance(value, str) else None
