@@ -254,3 +254,21 @@ def test_user_input_that_looks_like_json_is_kept_as_text_never_decoded(trig: Twi
                              {"event": event}, "d-1", datetime.now(UTC))
     assert notes[0].event is not None
     assert notes[0].event.payload["user_input"] == "[" * MAX_JSON_STRING
+
+
+def test_the_other_platforms_decoders_refuse_deep_nesting_as_a_bad_frame() -> None:
+    from lumio_ingestd.seventv.protocol import BadFrame as SevenTvBadFrame
+    from lumio_ingestd.seventv.protocol import decode as seventv_decode
+    from lumio_ingestd.sources.kick.mapping import parse_frame as kick_parse_frame
+    from lumio_ingestd.sources.streamelements.protocol import BadFrame as SeBadFrame
+    from lumio_ingestd.sources.streamelements.protocol import parse_frame as se_parse_frame
+    from lumio_ingestd.sources.twitch.mapping import BadFrame as KickBadFrame  # Kick shares it
+
+    deep = "[" * 100_000 + "]" * 100_000
+    # Kick's Pusher frames carry their payload as a JSON string inside the frame.
+    with pytest.raises(KickBadFrame):
+        kick_parse_frame(json.dumps({"event": "App\\Events\\ChatMessageEvent", "channel": "c", "data": deep}))
+    with pytest.raises(SeBadFrame):
+        se_parse_frame(deep.encode())
+    with pytest.raises(SevenTvBadFrame):
+        seventv_decode(deep[:200_000].encode())
