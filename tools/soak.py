@@ -17,7 +17,9 @@ printed first, `--seed N` replays the same schedule):
   cuts its TCP connection without a close frame.
 
 Not here (yet): a black-holed or slow database (needs the fault proxy of the
-tests), a full disk under the spool.
+tests), a full disk under the spool. The demo's PostgreSQL runs without fsync
+(it is thrown away); the soak turns fsync and synchronous_commit on, or an
+immediate shutdown would lose commits the daemon was told were durable.
 
 At the end the traffic stops, every fault is undone, the run waits (bounded)
 until everything sent is stored, the daemon gets SIGTERM, and the demo's
@@ -45,6 +47,8 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+
+import psycopg2
 
 from lumio_ingestd import exitcodes
 from lumio_ingestd.demo.daemon import DaemonFailed, DaemonProcess
@@ -174,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="chat messages per second")
     parser.add_argument("--every", type=float, default=12.0, help="mean seconds between faults")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"comma-separated subset of {','.join(FAULTS)}")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
@@ -213,6 +219,7 @@ def _run(args: argparse.Namespace, rng: random.Random, seed: int, root: Path, cl
          say: Callable[[str], None]) -> int:
     metrics = Metrics()
     stack = start_stack(root, cleanup, say)
+    _durable(stack)
     daemon = DaemonProcess(stack.config_path, root / "daemon.log", os.environ)
     cleanup.callback(daemon.kill)
     daemon.start()
@@ -231,12 +238,13 @@ def _run(args: argparse.Namespace, rng: random.Random, seed: int, root: Path, cl
     traffic.start()
     cleanup.callback(_stop_worker, traffic)
     soak = Soak(stack, daemon, traffic, observer, listener, rng, say)
+    faults = [f for f in args.faults.split(",") if f in FAULTS] or list(FAULTS)
     started = time.monotonic()
     next_fault = started + rng.expovariate(1.0 / args.every)
     while time.monotonic() - started < args.duration:
         soak._check_alive()
         if time.monotonic() >= next_fault:
-            soak.fault(rng.choice(FAULTS))
+            soak.fault(rng.choice(faults))
             next_fault = time.monotonic() + rng.expovariate(1.0 / args.every)
         time.sleep(0.25)
     traffic.request_stop()
@@ -269,6 +277,20 @@ def _no_traceback(record: logging.LogRecord) -> bool:
         record.exc_info = None
         record.exc_text = None
     return True
+
+
+def _durable(stack: Stack) -> None:
+    """The demo's PostgreSQL runs without fsync (it is thrown away); an immediate
+    shutdown is a crash, so the soak needs the durability a real one has."""
+    conn = psycopg2.connect(stack.pg.url("postgres"), connect_timeout=5)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for name in ("fsync", "synchronous_commit", "full_page_writes"):
+                cur.execute(f"ALTER SYSTEM SET {name} = on")
+            cur.execute("SELECT pg_reload_conf()")
+    finally:
+        conn.close()
 
 
 def _stop_worker(worker: Worker) -> None:
