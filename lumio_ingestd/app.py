@@ -147,8 +147,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .emit import PATH as EMIT_PATH
     from .emit import emit_handler
     from .events import EventIngest, EventRetryWorker, event_spool_handler
-    from .events.records import RecordWriters
     from .events.held import HeldGifts
+    from .events.records import RecordWriters
     from .framequarantine import FrameQuarantine
     from .lifecycle.backfill import StartupBackfill
     from .lifecycle.retention import RetentionWorker

@@ -272,3 +272,10 @@ def test_the_other_platforms_decoders_refuse_deep_nesting_as_a_bad_frame() -> No
         se_parse_frame(deep.encode())
     with pytest.raises(SevenTvBadFrame):
         seventv_decode(deep[:200_000].encode())
+
+
+def test_a_poison_parked_entry_with_the_record_mark_is_not_a_record() -> None:
+    from lumio_ingestd.events.records import _MARK, record_kind
+
+    poison = b"{" + _MARK + b':"record","y":' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    assert record_kind(poison) is None  # refused unparsed (it raised RecursionError)

@@ -81,8 +81,8 @@ from ..redisclient import REDIS_ERRORS
 from ..worker import STOP_GRACE_SECS, IntervalWorker
 from . import store
 from .deadletter import DEADLETTER_TTL_SECS, DeadLetters
-from .records import RecordWriters, record_kind
 from .held import HeldGifts
+from .records import RecordWriters, record_kind
 
 log = logging.getLogger(__name__)
 
