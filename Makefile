@@ -9,7 +9,7 @@ DURATION ?= 0
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: test lint typecheck pytest promtool clean venv demo bench
+.PHONY: test lint typecheck pytest promtool clean venv demo bench soak
 
 venv: $(STAMP)
 
@@ -47,6 +47,12 @@ pytest: $(STAMP)
 # Private servers, stand-ins and the real daemon; see README.rst, "Quick start".
 demo: $(DEMO_STAMP)
 	$(BIN)/lumio-ingestd demo --duration $(or $(DURATION),0) $(DEMO_ARGS)
+
+# The chaos soak (not part of `make test`): `make soak DURATION=600` (default 600 s).
+# SOAK_ARGS="--seed N" replays a run's fault schedule.
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(BIN)/python tools/soak.py --duration $(if $(filter-out 0,$(DURATION)),$(DURATION),600) $(SOAK_ARGS)
 
 # Every benchmark in one run: one table, and bench/results/summary.json.
 bench: $(STAMP)

@@ -221,6 +221,8 @@ class AlertPublisher(Worker):
 #: Open alert streams at most: the HTTP server's request slots are shared, and
 #: webhooks (which Twitch revokes after repeated failures) must keep the rest.
 MAX_STREAMS = 32
+#: How often an idle stream looks for a client that went away.
+PEER_CHECK_SECS = 0.5
 
 
 def stream_handler(publisher: AlertPublisher, token: Secret | None, metrics: Metrics, *,
@@ -255,8 +257,10 @@ def _serve(stream: Stream, client: AlertClient, heartbeat_secs: float, metrics: 
     if not stream.write(b"retry: 2000\n: connected\n\n"):
         return
     last_write = time.monotonic()
-    while not stream.closed.is_set() and not client.dropped.is_set():
-        wait = max(0.05, min(1.0, last_write + heartbeat_secs - time.monotonic()))
+    while not stream.peer_gone() and not client.dropped.is_set():
+        # At most a short wait per turn: a client that went away frees its slot
+        # within it (peer_gone), not at the next heartbeat write.
+        wait = max(0.05, min(PEER_CHECK_SECS, last_write + heartbeat_secs - time.monotonic()))
         try:
             data = client.queue.get(timeout=wait)
         except queue.Empty:

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from . import exitcodes
 from .config import Config, ConfigError, redacted_lines
@@ -51,6 +52,9 @@ from .sdnotify import Notifier, watchdog_interval
 from .shutdown import Shutdown, ShutdownReport, Stage
 from .signals import RELOAD_SIGNALS, STOP_SIGNALS, SignalQueue
 from .worker import Worker
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger("lumio_ingestd.app")
 
@@ -103,8 +107,36 @@ Builder = Callable[[Config, Metrics], Parts]
 # --------------------------------------------------------------------------- composition
 
 
+def _claim_instance(cfg: Config, client: redis.Redis) -> None:
+    """Refuse to start while another live process runs with the same instance id.
+
+    Two such processes would share every in-flight key; the claim tokens keep
+    them from deleting each other's batches, and this keeps the second one from
+    running at all. Redis unreachable: started all the same (the chat workers
+    take the claim on their first heartbeat, and leave other tokens' lists alone).
+    """
+    from .chat.flusher import default_heartbeat_ttl
+    from .chat.lists import InstanceClaim
+    from .redisclient import REDIS_ERRORS
+
+    claim = InstanceClaim(client, cfg.daemon.instance_id, default_heartbeat_ttl(cfg))
+    try:
+        holder = claim.take()
+    except REDIS_ERRORS as exc:
+        log.warning("cannot check whether instance id %r is in use (Redis: %s); starting anyway",
+                    cfg.daemon.instance_id, type(exc).__name__)
+        return
+    if holder is not None:
+        raise StartupError(
+            f"instance id {cfg.daemon.instance_id!r} is in use by another running process "
+            f"({holder}); give each replica its own [daemon] instance_id (or leave it empty for "
+            f"hostname:pid). A crashed process's claim expires within "
+            f"{default_heartbeat_ttl(cfg):.0f}s")
+
+
 def build(cfg: Config, metrics: Metrics) -> Parts:
-    """Make and wire every part of the daemon. Contacts no server (no reachability gate)."""
+    """Make and wire every part of the daemon. Contacts no server (no reachability gate)
+    but for one bounded Redis call: the instance claim (`_claim_instance`)."""
     # Imported here so that the runtime above stays importable on its own.
     from .alerts import STREAM_PATH, AlertPublisher, stream_handler
     from .chat.deadletter import ChatDeadLetterDrain
@@ -115,7 +147,9 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .emit import PATH as EMIT_PATH
     from .emit import emit_handler
     from .events import EventIngest, EventRetryWorker, event_spool_handler
+    from .events.held import HeldGifts
     from .events.records import RecordWriters
+    from .framequarantine import FrameQuarantine
     from .lifecycle.backfill import StartupBackfill
     from .lifecycle.retention import RetentionWorker
     from .redisclient import connect
@@ -123,6 +157,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .sessions import StreamSessions
     from .seventv.store import SetStateStore
     from .sources import SourceDeps, build_sources
+    from .sources.base import Source
     from .sources.jetstream import build_jetstream
     from .sources.kick import build_kick, webhook_key
     from .sources.kick.signature import KeyFormatError
@@ -141,12 +176,18 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     except KeyFormatError as exc:
         raise StartupError(str(exc), exitcodes.CONFIG) from exc
     parts = Parts()
+    client = connect(cfg.redis)
+    try:
+        _claim_instance(cfg, client)
+    except StartupError:
+        client.close()
+        raise
     spool = Spool(cfg.daemon.state_dir / "spool", cfg.daemon.spool_max_bytes, metrics)
     try:
         spool.open()
     except SpoolError as exc:
+        client.close()
         raise StartupError(f"cannot open the spool: {exc}") from exc
-    client = connect(cfg.redis)
     pool = Pool(cfg.timescale)
     # Closed last: every part above may still write into them while it stops.
     parts.closers += [("spool", spool.close), ("database pool", pool.close), ("redis", client.close)]
@@ -174,7 +215,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     twitch = build_twitch(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "twitch"),
                           chat_queue=lambda name: ChatQueue(chat, metrics),
                           chat=chat.buffer_or_persist, persist_event=events.persist_event,
-                          alerts=alerts)
+                          alerts=alerts, held=HeldGifts(client, cfg.daemon.instance_id))
     parts.sources += twitch.sources
     twitch.add_routes(parts.routes)
     # StreamElements tips and activities (issue 13): one Astro socket per account.
@@ -198,6 +239,13 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
                             alerts=alerts)
     if seventv is not None:
         parts.sources.append(seventv)
+    # Refused frames keep their raw bytes (RELIABILITY.md B17).
+    frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
+    for source in parts.sources:
+        if isinstance(source, Source):
+            source.frame_quarantine = frames
+    if twitch.webhook is not None:
+        twitch.webhook.frame_quarantine = frames
     parts.flusher = ChatFlusher(client, pool, metrics, cfg)
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
@@ -380,7 +428,9 @@ class App:
         self.parts = parts
         parts.routes.add("GET", "/healthz", self._healthz)
         parts.routes.add("GET", "/readyz", self._readyz)
-        self.http = HttpServer(cfg.http.listen_host, cfg.http.listen_port, parts.routes, self.metrics)
+        self.http = HttpServer(cfg.http.listen_host, cfg.http.listen_port, parts.routes, self.metrics,
+                               trusted_proxy_header=cfg.http.trusted_proxy_header,
+                               max_connections_per_client=cfg.http.max_connections_per_client)
         self.metrics_server = MetricsServer(cfg.metrics.listen_host, cfg.metrics.listen_port,
                                             self.metrics.registry)
         try:

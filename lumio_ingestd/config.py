@@ -795,6 +795,17 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "File holding the bearer token of POST /v1/events/emit and the alert "
        "streams: " + _CREDENTIAL_HELP + " Unset = those endpoints answer 403.",
        fields=("emit_token",), example="emit_token", commented=True),
+    _s("http", "trusted_proxy_header", "",
+       _Text(re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}"), "an HTTP header name such as "
+             "X-Forwarded-For", optional=True),
+       "Header in which the reverse proxy in front of the listener names the client "
+       "(the first address of X-Forwarded-For, or X-Real-IP). Set it only when every "
+       "request comes through that proxy: it turns on max_connections_per_client, keyed "
+       "on the header's value. Unset = no per-client cap (behind a proxy every request "
+       "has the proxy's address).", example="X-Forwarded-For", commented=True),
+    _s("http", "max_connections_per_client", "16", _Int(1),
+       "With trusted_proxy_header: requests one client may have open at once (read, "
+       "in flight or streaming); more are answered 429."),
     # [twitch]
     _s("twitch", "eventsub_ws_url", "wss://eventsub.wss.twitch.tv/ws", _WS,
        "EventSub WebSocket endpoint (ws:// or wss://)."),
@@ -1030,6 +1041,8 @@ class HttpConfig:
     listen_host: str = _default("http", "listen")[0]
     listen_port: int = _default("http", "listen")[1]
     emit_token: Secret | None = None
+    trusted_proxy_header: str | None = None
+    max_connections_per_client: int = _default("http", "max_connections_per_client")
 
 
 @dataclass(frozen=True, slots=True)

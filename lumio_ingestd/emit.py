@@ -29,13 +29,13 @@ Durable when 201 or 200 is answered: committed in the database.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from . import boundedjson
 from .bearer import check_bearer
 from .config import Secret
 from .events.persist import PersistResult
@@ -71,8 +71,10 @@ class EmitInvalid(ValueError):
 def parse_emit(body: bytes, now: datetime | None = None) -> PlatformEvent:
     """The event a request body describes; raises EmitInvalid naming the field."""
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        obj = boundedjson.loads(body, max_bytes=MAX_BODY_BYTES)
+    except boundedjson.JsonRefused as exc:
+        if exc.reason in ("too_deep", "too_large"):
+            raise EmitInvalid(None, f"the body is refused: {exc}") from None
         raise EmitInvalid(None, "the body is not JSON") from None
     if not isinstance(obj, dict):
         raise EmitInvalid(None, "the body must be a JSON object")

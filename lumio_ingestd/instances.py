@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import boundedjson
+
 
 def heartbeat_value(now: float | None = None) -> bytes:
     """The value a heartbeat SET writes: who beat, and when (wall clock)."""
@@ -40,7 +42,7 @@ def parse_heartbeat(raw: bytes | None) -> HeartbeatInfo:
         return HeartbeatInfo(None, None, None)
     text = raw.decode("utf-8", "replace").strip()
     try:
-        obj: Any = json.loads(text)
+        obj: Any = boundedjson.loads(text)
     except ValueError:
         obj = None
     if isinstance(obj, dict):

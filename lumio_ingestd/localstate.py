@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import boundedjson
 from .sources.base import Source
 from .worker import Worker
 
@@ -127,7 +128,7 @@ def read_snapshot(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     except OSError as exc:
         return None, f"cannot read {path}: {exc.strerror or exc}"
     try:
-        doc = json.loads(raw)
+        doc = boundedjson.loads(raw, max_bytes=1 << 30)
     except ValueError:
         return None, f"{path} is not valid JSON"
     if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION:

@@ -9,7 +9,10 @@ journal's line protocol). Elsewhere a readable timestamped format is used.
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from typing import TextIO
 
@@ -63,3 +66,30 @@ def setup_logging(level: str, environ: Mapping[str, str], stream: TextIO | None 
 
 def set_level(level: str) -> None:
     logging.getLogger().setLevel(level.upper())
+
+
+class Throttled:
+    """At most one log line per `interval_secs` for one kind of repeated refusal.
+
+    Anyone can send what is refused (a flood must not push real lines past
+    journald's rate limit); the metric counts every one, the log says how many
+    it held back since its last line. Thread-safe.
+    """
+
+    def __init__(self, logger: logging.Logger, interval_secs: float = 60.0) -> None:
+        self._logger = logger
+        self._interval = interval_secs
+        self._last = -math.inf
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def log(self, level: int, msg: str, *args: object) -> bool:
+        """Log now (True) or count it as held back (False)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._interval:
+                self._held += 1
+                return False
+            held, self._held, self._last = self._held, 0, now
+        self._logger.log(level, msg + " (%d more since the last such line)", *args, held)
+        return True

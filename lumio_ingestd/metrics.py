@@ -195,6 +195,19 @@ class Metrics:
         self.http_emit_requests = Counter(
             "http_emit_requests", "POST /v1/events/emit requests, by status code", ["status"],
             registry=r)
+        self.frames_quarantined = Counter(
+            "frames_quarantined", "Refused frames kept with their raw bytes in the file "
+            "quarantine (kept), or only counted because it could not be written (failed)",
+            ["result"], registry=r)
+        for result in ("kept", "failed"):
+            self.frames_quarantined.labels(result)
+        self.http_refused = Counter(
+            "http_refused", "HTTP connections and requests refused by the listener's limits, "
+            "by reason (busy: no request slot; connections: the connection cap, the oldest "
+            "unfinished one was cut; per_client: max_connections_per_client; timeout: not "
+            "read within the deadline)", ["reason"], registry=r)
+        for reason in ("busy", "connections", "per_client", "timeout"):
+            self.http_refused.labels(reason)
         self.stream_session_writes = Counter(
             "events_stream_session_writes", "stream_sessions changes, by result (failed ones are "
             "retried)", ["result"], registry=r)

@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from . import boundedjson
+
 ENTRY_VERSION = 1
+#: A stored entry larger than this is refused unread (this daemon writes far
+#: smaller ones: its inputs are capped at 512 KiB a frame).
+MAX_ENTRY_BYTES = 4 * 1024 * 1024
 
 MAX_ID = 256
 MAX_NAME = 256
@@ -142,8 +147,8 @@ def _dumps(obj: Mapping[str, Any]) -> bytes:
 
 def _loads(raw: bytes | str) -> dict[str, Any]:
     try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        obj = boundedjson.loads(raw, max_bytes=MAX_ENTRY_BYTES)
+    except ValueError as exc:
         raise EntryError(f"entry is not JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise EntryError("entry is not a JSON object")

@@ -14,14 +14,17 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from .model import format_time
+from . import boundedjson
+from .model import MAX_ENTRY_BYTES, format_time
 
 
 def quarantine_entry(raw: bytes, reason: str, sqlstate: str | None) -> bytes:
     """The quarantine form of a stored entry."""
     try:
-        obj: Any = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        # Bounded: a poison entry nested 50,000 deep must become `raw`, not a
+        # RecursionError that fails the flush of its whole account every turn.
+        obj: Any = boundedjson.loads(raw, max_bytes=MAX_ENTRY_BYTES)
+    except ValueError:
         obj = None
     if not isinstance(obj, dict):
         obj = {"raw": raw.decode("utf-8", "backslashreplace")}
@@ -38,8 +41,8 @@ WRAPPER_KEYS = ("reason", "sqlstate", "quarantined_at")
 def parse_quarantined(raw: bytes) -> dict[str, Any] | None:
     """The quarantine entry as a JSON object, or None when it is not one."""
     try:
-        obj: Any = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        obj: Any = boundedjson.loads(raw, max_bytes=1 << 30)
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 

@@ -36,8 +36,23 @@ def events_inflight(account_id: int, instance: str) -> str:
     return f"lumio:events:inflight:{{{account_id}}}:{instance}"
 
 
+def events_held(account_id: int, instance: str) -> str:
+    """Hash: durable copies of the gift bombs an instance holds in memory (events/held.py)."""
+    return f"lumio:events:held:{{{account_id}}}:{instance}"
+
+
 def instance_heartbeat(instance: str) -> str:
     return f"lumio:instance:{instance}"
+
+
+def chat_claims(account_id: int) -> str:
+    """Hash: in-flight owner -> the claim token of the process whose batch its list holds."""
+    return f"lumio:chat:claims:{{{account_id}}}"
+
+
+def instance_claim(instance: str) -> str:
+    """The claim token of the one process running as `instance` (a string with a TTL)."""
+    return f"lumio:claim:{instance}"
 
 
 def account_of(key: str) -> int:

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import re
@@ -72,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+from . import boundedjson
 from .metrics import Metrics
 from .worker import IntervalWorker
 
@@ -288,7 +288,10 @@ class Spool:
     def _open_locked(self) -> None:
         self._segments = []
         if not self._dir.is_dir():
-            self._dir.mkdir(parents=True, exist_ok=True)
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # The spool holds chat text and event payloads: the daemon's user only,
+            # whatever the umask (mkdir's mode is masked by it).
+            os.chmod(self._dir, 0o700)
             _fsync_dir(self._dir.parent)
         self._lock_fd = os.open(self._dir / "spool.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -816,8 +819,8 @@ def _count_segment(path: Path, start: int, info: SpoolInfo) -> None:
 
 def _created_at(payload: bytes) -> str | None:
     try:
-        obj = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+        obj = boundedjson.loads(payload, max_bytes=1 << 30)
+    except ValueError:
         return None
     value = obj.get("created_at") if isinstance(obj, dict) else None
     return value if isinstance(value, str) else None

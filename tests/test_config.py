@@ -109,7 +109,8 @@ EXPECTED_DEFAULTS: dict[str, dict[str, object]] = {
     },
     "events": {"insert_timeout_secs": 3.0, "retry_interval_secs": 30.0, "retention_days": 365},
     "metrics": {"listen_host": "127.0.0.1", "listen_port": 9464},
-    "http": {"listen_host": "127.0.0.1", "listen_port": 8780, "emit_token": None},
+    "http": {"listen_host": "127.0.0.1", "listen_port": 8780, "emit_token": None,
+             "trusted_proxy_header": None, "max_connections_per_client": 16},
     "twitch": {
         "eventsub_ws_url": "wss://eventsub.wss.twitch.tv/ws", "helix_url": "https://api.twitch.tv/helix",
         "oauth_url": "https://id.twitch.tv/oauth2", "client_id": "", "client_secret": None,

@@ -6,8 +6,11 @@ missing the tests are skipped and say so: CI has it. Every frame must become
 chat, an event, a control message or an explicit "unsupported type"; none may
 be refused as malformed or crash the source. Through the live source every
 frame is sent as Twitch would send it (payload-only lines in a notification
-envelope); the corpus's session_reconnect frames each drive a real hand-off
-(their reconnect_url pointed at the stand-in).
+envelope, and the channel its subscription names made the account's own: a
+notification for another channel is refused by the source); the corpus's
+session_reconnect frames each drive a real hand-off (their reconnect_url
+pointed at the stand-in). Notifications of types the source never subscribes
+to are refused and counted ("unsubscribed"), not stored.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from lumio_ingestd.httpserver import Routes
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import parse_time
 from lumio_ingestd.seen import SeenDeliveries
+from lumio_ingestd.sources.twitch.helix import SUBSCRIPTIONS
 from lumio_ingestd.sources.twitch.mapping import (
     CHAT_TYPE,
     interpret,
@@ -193,11 +197,28 @@ def fake() -> Iterator[FakeTwitch]:
         yield f
 
 
+BROADCASTER = "12826"  # the rig account's twitch_user_id
+SUBSCRIBED = {sub.type for sub in SUBSCRIPTIONS}
+
+
+def _ours(payload: dict[str, Any]) -> bool:
+    """Point the subscription's condition at the rig's account (True when it changed)."""
+    condition = (payload.get("subscription") or {}).get("condition")
+    changed = False
+    if isinstance(condition, dict):
+        for key in ("broadcaster_user_id", "to_broadcaster_user_id"):
+            if key in condition and condition[key] != BROADCASTER:
+                condition[key] = BROADCASTER
+                changed = True
+    return changed
+
+
 def on_the_wire(n: int, line: dict[str, Any]) -> str | None:
     """What Twitch would send for this corpus line (None: a session_reconnect, sent separately)."""
-    frame = line["frame"]
+    frame = json.loads(json.dumps(line["frame"]))
     if "metadata" not in frame:  # a payload: give it the envelope Twitch sends it in
         sub_type = subscription_type_of(frame)
+        _ours(frame)
         return json.dumps({"metadata": {"message_id": f"corpus-{n}-{uuid.uuid4()}",
                                         "message_type": "notification", "message_timestamp": now_text(),
                                         "subscription_type": sub_type,
@@ -205,6 +226,8 @@ def on_the_wire(n: int, line: dict[str, Any]) -> str | None:
                            "payload": frame})
     if frame["metadata"]["message_type"] == "session_reconnect":
         return None
+    if isinstance(frame.get("payload"), dict) and _ours(frame["payload"]):
+        return json.dumps(frame)
     return full_frame(line)
 
 
@@ -230,6 +253,7 @@ def test_every_frame_through_the_live_source_is_stored_or_skipped_and_nothing_cr
         expected_events: set[str] = set()
         event_keys: set[tuple[str, datetime]] = set()  # rows: one per external id and time
         seen_ids: set[str] = set()
+        unsubscribed = 0
         for n, line in enumerate(lines(WS_FILE)):
             text = on_the_wire(n, line)
             if text is None:
@@ -239,6 +263,10 @@ def test_every_frame_through_the_live_source_is_stored_or_skipped_and_nothing_cr
             if it.kind not in ("chat", "event") or it.envelope.message_id in seen_ids:
                 continue
             seen_ids.add(it.envelope.message_id)
+            if (it.envelope.subscription_type or subscription_type_of(it.envelope.payload)) \
+                    not in SUBSCRIBED:
+                unsubscribed += 1
+                continue
             for item in it.items:
                 if item.chat is not None:
                     expected_chat.add(item.chat.message_id)
@@ -275,6 +303,8 @@ def test_every_frame_through_the_live_source_is_stored_or_skipped_and_nothing_cr
         bad = {r: rig.value("source_bad_frames_total", platform="twitch", reason=r)
                for r in ("json", "shape", "nul", "utf8", "time", "too_large", "binary")}
         assert sum(bad.values()) == 0, bad
+        assert rig.value("source_bad_frames_total", platform="twitch", reason="unsubscribed") == unsubscribed
+        assert rig.value("source_bad_frames_total", platform="twitch", reason="foreign_channel") == 0
         assert rig.value("source_disconnects_total", platform="twitch") == 0
     finally:
         rig.close()

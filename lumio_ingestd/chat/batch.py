@@ -14,6 +14,7 @@ process exactly there.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,8 +26,10 @@ from ..model import EntryError
 from ..outage import Outage, describe_db_error
 from ..quarantine import quarantine_entry
 from .decode import entry_row
-from .lists import ChatLists
+from .lists import ChatLists, ClaimLost
 from .store import DB_ERRORS, store_rows_isolating
+
+log = logging.getLogger(__name__)
 
 Failpoint = Callable[[str], None]
 
@@ -78,7 +81,13 @@ def store_batch(lists: ChatLists, pool: Pool, metrics: Metrics, *, account: int,
     failpoint(f"{step}.inserted")
     for raw, verdict in culprits:
         quarantine.append(quarantine_entry(raw, verdict.reason, verdict.sqlstate))
-    lists.finish(inflight, rediskeys.chat_quarantine(account), quarantine)
+    try:
+        lists.finish(inflight, rediskeys.chat_quarantine(account), quarantine)
+    except ClaimLost as exc:
+        # Another process with our instance id adopted the list: it finishes it
+        # (our insert was idempotent; its quarantine is its own).
+        log.error("chat: %s", exc)
+        return BatchOutcome(stored=len(rows) - len(culprits), inserted=inserted, quarantined=0)
     failpoint(f"{step}.deleted")
     if quarantine:
         metrics.chat_quarantined.inc(len(quarantine))

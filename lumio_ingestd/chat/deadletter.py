@@ -47,7 +47,7 @@ from ..redisclient import REDIS_ERRORS
 from ..worker import STOP_GRACE_SECS, IntervalWorker
 from .batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
 from .flusher import default_heartbeat_ttl
-from .lists import DRAIN_SUFFIX, ChatLists, Heartbeat
+from .lists import DRAIN_SUFFIX, PROCESS_TOKEN, ChatLists, Heartbeat, InstanceClaim
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class ChatDeadLetterDrain(IntervalWorker):
                  instance: str | None = None, lease_ttl_secs: float | None = None,
                  heartbeat_ttl_secs: float | None = None, batch_timeout_secs: float = 10.0,
                  pass_budget_secs: float = 20.0, failpoint: Failpoint = no_failpoint,
-                 name: str = "chat-deadletter-drain") -> None:
+                 claim_token: str = PROCESS_TOKEN, name: str = "chat-deadletter-drain") -> None:
         super().__init__(name, metrics, cfg.chat.deadletter_drain_interval_secs)
         self.instance = instance or cfg.daemon.instance_id
         self.owner = self.instance + DRAIN_SUFFIX
@@ -65,13 +65,14 @@ class ChatDeadLetterDrain(IntervalWorker):
         self.pass_budget_secs = pass_budget_secs
         self._cfg = cfg
         self._pool = pool
-        self._lists = ChatLists(client)
+        hb_ttl = heartbeat_ttl_secs or default_heartbeat_ttl(cfg)
+        claim = InstanceClaim(client, self.instance, hb_ttl, claim_token)
+        self._lists = ChatLists(client, claim_token, claim)
         # The lease outlives the interval, so a healthy leader keeps it from
         # pass to pass; a dead leader's lease lapses within lease_ttl.
         ttl = lease_ttl_secs or 2.0 * cfg.chat.deadletter_drain_interval_secs + 10.0
         self.lease = Lease(client, rediskeys.CHAT_DRAIN_LEADER, ttl, metrics, owner=self.instance)
-        self._heartbeat = Heartbeat(client, self.instance,
-                                    heartbeat_ttl_secs or default_heartbeat_ttl(cfg), metrics)
+        self._heartbeat = Heartbeat(client, self.instance, hb_ttl, metrics, claim)
         self._failpoint = failpoint
         self._redis = Outage("Redis (chat dead-letter drain)", log)
         self._db = Outage("database (chat dead-letter drain)", log)

@@ -27,8 +27,10 @@ import re
 from datetime import datetime
 from typing import Any
 
+from .. import boundedjson
 from ..model import (
     ENTRY_VERSION,
+    MAX_ENTRY_BYTES,
     MAX_ID,
     MAX_JSON_DEPTH,
     MAX_JSON_STRING,
@@ -108,8 +110,8 @@ def _clean_object(raw: bytes) -> tuple[dict[str, Any], str] | None:
     try:
         # Strict UTF-8 first: json.loads(bytes) would let UTF-8-encoded
         # surrogates through ("surrogatepass").
-        obj = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):  # UnicodeDecodeError included; from_entry words it
+        obj = boundedjson.loads(raw.decode("utf-8"), max_bytes=MAX_ENTRY_BYTES)
+    except ValueError:  # UnicodeDecodeError and JsonRefused included; from_entry words it
         return None
     if type(obj) is not dict or obj.get("v") != ENTRY_VERSION or "message_id" not in obj:
         return None

@@ -54,7 +54,7 @@ from ..outage import Outage, describe_redis_error
 from ..redisclient import REDIS_ERRORS
 from ..worker import STOP_GRACE_SECS, IntervalWorker
 from .batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
-from .lists import ChatKeys, ChatLists, Heartbeat, owner_instance
+from .lists import PROCESS_TOKEN, ChatKeys, ChatLists, Heartbeat, InstanceClaim, owner_instance
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class ChatFlusher(IntervalWorker):
                  instance: str | None = None, heartbeat_ttl_secs: float | None = None,
                  final_budget_secs: float = 3.0, batch_timeout_secs: float = 10.0,
                  pass_budget_secs: float = 10.0, failpoint: Failpoint = no_failpoint,
-                 name: str = "chat-flush") -> None:
+                 claim_token: str = PROCESS_TOKEN, name: str = "chat-flush") -> None:
         super().__init__(name, metrics, cfg.chat.flush_interval_secs)
         self.instance = instance or cfg.daemon.instance_id
         self.final_budget_secs = final_budget_secs
@@ -83,9 +83,10 @@ class ChatFlusher(IntervalWorker):
         self.pass_budget_secs = pass_budget_secs
         self._cfg = cfg
         self._pool = pool
-        self._lists = ChatLists(client)
-        self._heartbeat = Heartbeat(client, self.instance,
-                                    heartbeat_ttl_secs or default_heartbeat_ttl(cfg), metrics)
+        ttl = heartbeat_ttl_secs or default_heartbeat_ttl(cfg)
+        claim = InstanceClaim(client, self.instance, ttl, claim_token)
+        self._lists = ChatLists(client, claim_token, claim)
+        self._heartbeat = Heartbeat(client, self.instance, ttl, metrics, claim)
         self._failpoint = failpoint
         self._account_failures: dict[int, int] = {}
         self._redis = Outage("Redis (chat flush)", log)
@@ -218,7 +219,7 @@ class ChatFlusher(IntervalWorker):
                 continue
             # Not atomic with the heartbeat check: an owner that comes back
             # meanwhile finishes its batch, and the repeat insert is a no-op.
-            moved = self._lists.move_all(key, rediskeys.chat_buffer(account))
+            moved = self._lists.move_all(key, rediskeys.chat_buffer(account), any_owner=True)
             if moved:
                 log.info("chat flush: account %d: %d in-flight messages of the dead instance %s "
                          "returned to the buffer", account, moved, owner)

@@ -19,11 +19,27 @@ OWNER is the instance id; the dead-letter drain's is the instance id plus
 `.dl`, so the two never resume each other's batches. An instance is alive
 while its heartbeat key `lumio:instance:INSTANCE` exists (both workers
 refresh it); in-flight lists of a dead owner are recovered by the flusher.
+
+Claim tokens. Two processes started with the same instance id (an operator
+copying an explicit `instance_id`) share every in-flight key: without more,
+one could resume the other's batch and then delete the list after the other
+had claimed a new batch into it (lost). So every process has its own claim
+token: `claim` records it for the list in `lumio:chat:claims:{ACCOUNT}`
+(owner -> token), and `finish` and `move_all` delete or move a list only
+while the token is still theirs. A list held under another token is resumed
+(adopted) only when this process holds the instance's claim
+`lumio:claim:INSTANCE` (`InstanceClaim`): then the other token is a dead
+incarnation's (a restart). A live second process cannot take that claim, so
+it never touches the first one's lists, and `app.build` refuses to start it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +50,13 @@ from .. import rediskeys
 from ..instances import heartbeat_value
 from ..metrics import Metrics
 
+log = logging.getLogger(__name__)
+
 DRAIN_SUFFIX = ".dl"
+
+#: This process's claim token: host and pid (so a restart on the same host can
+#: tell that the holder is dead), and a random part (pids are reused).
+PROCESS_TOKEN = f"{socket.gethostname()}|{os.getpid()}|{uuid.uuid4().hex[:12]}"
 
 _BUFFER_PREFIX = "lumio:chat:buffer:{"
 _DEADLETTER_PREFIX = "lumio:chat:deadletter:{"
@@ -50,32 +72,51 @@ local function push(key, items, first)
 end
 """
 
-# KEYS: source, inflight. ARGV: max entries. Returns {resumed (0/1), entries}.
+# KEYS: source, inflight, claims. ARGV: max entries, owner, token, adopt ("1": this
+# process holds the instance claim, another token on the list is a dead one's).
+# Returns {resumed (0/1, or 2: held under another live process's token), entries}.
 _CLAIM = _LUA_PUSH + """
 local held = redis.call('LRANGE', KEYS[2], 0, -1)
 if #held > 0 then
+    local holder = redis.call('HGET', KEYS[3], ARGV[2])
+    if holder and holder ~= ARGV[3] and ARGV[4] ~= '1' then
+        return {2, {}}
+    end
+    redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
     return {1, held}
 end
 local items = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 if #items > 0 then
     push(KEYS[2], items, 1)
     redis.call('LTRIM', KEYS[1], #items, -1)
+    redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
 end
 return {0, items}
 """
 
-# KEYS: inflight, quarantine. ARGV: quarantine entries. Returns the number quarantined.
+# KEYS: inflight, quarantine, claims. ARGV: owner, token, quarantine entries...
+# Returns the number quarantined, or -1 when the list is not ours any more
+# (nothing done: another process adopted it and finishes it).
 _FINISH = _LUA_PUSH + """
-if #ARGV > 0 then
-    push(KEYS[2], ARGV, 1)
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+    return -1
+end
+if #ARGV > 2 then
+    push(KEYS[2], ARGV, 3)
 end
 redis.call('DEL', KEYS[1])
-return #ARGV
+redis.call('HDEL', KEYS[3], ARGV[1])
+return #ARGV - 2
 """
 
-# KEYS: from, to. ARGV: ttl in ms (0 = leave the TTL alone), mode ("always" or
-# "if_none": only when the target has no TTL). Returns the number moved.
+# KEYS: from, to, claims. ARGV: ttl in ms (0 = leave the TTL alone), mode
+# ("always" or "if_none": only when the target has no TTL), owner, token ("" =
+# any: the owner is dead). Returns the number moved, -1 when not ours.
 _MOVE_ALL = _LUA_PUSH + """
+local holder = redis.call('HGET', KEYS[3], ARGV[3])
+if ARGV[4] ~= '' and holder and holder ~= ARGV[4] then
+    return -1
+end
 local items = redis.call('LRANGE', KEYS[1], 0, -1)
 if #items == 0 then
     return 0
@@ -86,8 +127,32 @@ if ttl > 0 and (ARGV[2] == 'always' or redis.call('PTTL', KEYS[2]) < 0) then
     redis.call('PEXPIRE', KEYS[2], ttl)
 end
 redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[3], ARGV[3])
 return #items
 """
+
+# KEYS: the instance claim. ARGV: token, ttl ms, force ("1": take it over).
+# Returns nil when it is ours now, else the holder's token.
+_TAKE_CLAIM = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] and ARGV[3] ~= '1' then
+    return holder
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+return false
+"""
+
+# KEYS: the instance claim. ARGV: token. Deletes it only if it is ours.
+_DROP_CLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class ClaimLost(Exception):
+    """An in-flight list is held under another process's claim token (same instance id)."""
 
 
 @dataclass
@@ -106,8 +171,12 @@ def owner_instance(owner: str) -> str:
 
 
 class ChatLists:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, token: str = PROCESS_TOKEN,
+                 instance_claim: InstanceClaim | None = None) -> None:
         self.client = client
+        self.token = token
+        #: Held by this process: lists under a dead incarnation's token are adopted.
+        self.instance_claim = instance_claim
         self._claim = client.register_script(_CLAIM)
         self._finish = client.register_script(_FINISH)
         self._move_all = client.register_script(_MOVE_ALL)
@@ -129,18 +198,45 @@ class ChatLists:
         return found
 
     def claim(self, source: str, inflight: str, limit: int) -> tuple[list[bytes], bool]:
-        """(entries now in `inflight`, whether they were already there)."""
-        reply: Any = self._claim(keys=[source, inflight], args=[max(1, limit)])
+        """(entries now in `inflight`, whether they were already there).
+
+        Nothing (and an error logged) when the list is held under the token of
+        another live process with the same instance id.
+        """
+        if self.instance_claim is not None and not self.instance_claim.held:
+            return [], False  # another live process runs as this instance (logged by the claim)
+        account, owner = rediskeys.account_of(inflight), rediskeys.instance_of_inflight(inflight)
+        adopt = self.instance_claim is not None and self.instance_claim.held
+        reply: Any = self._claim(keys=[source, inflight, rediskeys.chat_claims(account)],
+                                 args=[max(1, limit), owner, self.token, "1" if adopt else "0"])
+        if int(reply[0]) == 2:
+            log.error("chat: %s is held by another process running with the same instance id "
+                      "%r; left alone (give every replica its own [daemon] instance_id)",
+                      inflight, owner)
+            return [], False
         return [bytes(e) for e in reply[1]], bool(reply[0])
 
     def finish(self, inflight: str, quarantine: str, entries: Sequence[bytes]) -> None:
-        self._finish(keys=[inflight, quarantine], args=list(entries))
+        """Quarantine `entries` and delete `inflight`; raises ClaimLost when it is not ours."""
+        account, owner = rediskeys.account_of(inflight), rediskeys.instance_of_inflight(inflight)
+        done: Any = self._finish(keys=[inflight, quarantine, rediskeys.chat_claims(account)],
+                                 args=[owner, self.token, *entries])
+        if int(done) < 0:
+            raise ClaimLost(f"{inflight} was adopted by another process with the same instance id")
 
     def move_all(self, source: str, target: str, *, ttl_secs: float = 0.0,
-                 only_if_no_ttl: bool = False) -> int:
+                 only_if_no_ttl: bool = False, any_owner: bool = False) -> int:
+        """Move all of `source` (an in-flight list) onto `target`; 0 when it is not ours
+        (unless `any_owner`: its owner is dead)."""
+        account, owner = rediskeys.account_of(source), rediskeys.instance_of_inflight(source)
         moved: Any = self._move_all(
-            keys=[source, target],
-            args=[int(ttl_secs * 1000), "if_none" if only_if_no_ttl else "always"])
+            keys=[source, target, rediskeys.chat_claims(account)],
+            args=[int(ttl_secs * 1000), "if_none" if only_if_no_ttl else "always", owner,
+                  "" if any_owner else self.token])
+        if int(moved) < 0:
+            log.error("chat: %s is held by another process with the same instance id; not moved",
+                      source)
+            return 0
         return int(moved)
 
     def lengths(self, keys: Iterable[str]) -> int:
@@ -162,13 +258,79 @@ class ChatLists:
         return {name: bool(n) for name, n in zip(names, pipe.execute(), strict=True)}
 
 
-class Heartbeat:
-    """This instance's liveness key, refreshed at most every third of its TTL."""
+class InstanceClaim:
+    """`lumio:claim:INSTANCE`: which process runs as this instance id (its token, a TTL).
+
+    Taken at start (`app.build` refuses to start while another live process
+    holds it) and kept by the chat workers' heartbeats. A holder on this host
+    whose pid is gone is dead: its claim is taken over at once, so a restart
+    does not wait for the TTL. `held` says whether it was ours at the last try.
+    """
 
     def __init__(self, client: redis.Redis, instance: str, ttl_secs: float,
-                 metrics: Metrics | None = None) -> None:
+                 token: str = PROCESS_TOKEN) -> None:
+        self.key = rediskeys.instance_claim(instance)
+        self.instance = instance
+        self.ttl_secs = ttl_secs
+        self.token = token
+        self.held = False
+        self._client = client
+        self._take = client.register_script(_TAKE_CLAIM)
+        self._drop = client.register_script(_DROP_CLAIM)
+        self._warned_of: str | None = None
+
+    def take(self) -> str | None:
+        """Take or refresh the claim; None when it is ours, else the live holder's token.
+        Raises REDIS_ERRORS."""
+        ttl = max(1, int(self.ttl_secs * 1000))
+        holder: Any = self._take(keys=[self.key], args=[self.token, ttl, "0"])
+        if holder is not None:
+            other = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
+            if not _dead_here(other):
+                self.held = False
+                if other != self._warned_of:
+                    self._warned_of = other
+                    log.error("instance id %r is in use by another process (%s); this one leaves "
+                              "its in-flight chat alone", self.instance, other)
+                return other
+            self._take(keys=[self.key], args=[self.token, ttl, "1"])
+            log.info("instance id %r: the previous process (%s) is gone; taking over its claim",
+                     self.instance, other)
+        self.held = True
+        self._warned_of = None
+        return None
+
+    def release(self) -> None:
+        self._drop(keys=[self.key], args=[self.token])
+        self.held = False
+
+
+def _dead_here(token: str) -> bool:
+    """Whether the process that wrote `token` ran on this host and is gone."""
+    parts = token.split("|")
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False  # another part of this very process (tests run several)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, someone else's
+    return False
+
+
+class Heartbeat:
+    """This instance's liveness key, refreshed at most every third of its TTL, and with it
+    the instance claim (`InstanceClaim`) when one is given."""
+
+    def __init__(self, client: redis.Redis, instance: str, ttl_secs: float,
+                 metrics: Metrics | None = None, claim: InstanceClaim | None = None) -> None:
         self.key = rediskeys.instance_heartbeat(instance)
         self.ttl_secs = ttl_secs
+        self.claim = claim
         self._client = client
         self._metrics = metrics
         self._refreshed = float("-inf")
@@ -178,6 +340,8 @@ class Heartbeat:
         now = time.monotonic()
         if force or now - self._refreshed >= self.ttl_secs / 3:
             self._client.set(self.key, heartbeat_value(), px=max(1, int(self.ttl_secs * 1000)))
+            if self.claim is not None:
+                self.claim.take()
             self._refreshed = now
             if self._metrics is not None:
                 self._metrics.instance_heartbeat.set(time.time())
@@ -185,4 +349,6 @@ class Heartbeat:
     def stop(self) -> None:
         """Delete the key: what this instance left in flight is recovered at once."""
         self._client.delete(self.key)
+        if self.claim is not None:
+            self.claim.release()
         self._refreshed = float("-inf")

@@ -84,13 +84,15 @@ class DeadLetters:
         pipe.execute()
 
     def park_many(self, by_account: dict[int, list[bytes]]) -> None:
-        """`park` for several accounts in one MULTI."""
-        pipe = self._client.pipeline(transaction=True)
+        """`park` for several accounts: one MULTI per account, so each touches one
+        Redis Cluster slot (a MULTI across accounts is CROSSSLOT there).
+
+        Raises at the first account Redis refuses; the accounts before it stay
+        parked, and a caller's retry parks them again (the retry worker's insert
+        is idempotent: the repeat counts as recovered, never a second row).
+        """
         for account_id, entries in by_account.items():
-            key = rediskeys.events_deadletter(account_id)
-            pipe.rpush(key, *entries)
-            pipe.pexpire(key, self.ttl_ms)
-        pipe.execute()
+            self.park(account_id, entries)
 
     def claim(self, account_id: int, instance: str, count: int) -> list[bytes]:
         """Move up to `count` entries from the head of the list into our in-flight list."""

@@ -34,7 +34,6 @@ spool; "rejected"/"lost" -> nowhere.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -43,11 +42,12 @@ from typing import Literal, Protocol
 
 import redis
 
+from .. import boundedjson
 from ..config import Config
 from ..db.errors import Classified, Kind, classify
 from ..db.pool import Pool
 from ..metrics import Metrics
-from ..model import EntryError, PlatformEvent
+from ..model import MAX_ENTRY_BYTES, EntryError, PlatformEvent
 from ..outage import Outage, describe_db_error
 from ..redisclient import REDIS_ERRORS
 from ..spool import SpoolError
@@ -281,7 +281,7 @@ def _short(exc: BaseException) -> str:
 def _peek(raw: bytes) -> str:
     """Which account an undecodable entry names, for the log (never the payload)."""
     try:
-        obj = json.loads(raw)
+        obj = boundedjson.loads(raw, max_bytes=MAX_ENTRY_BYTES)
         return f"account {obj.get('account_id')!r}" if isinstance(obj, dict) else "not an object"
-    except (ValueError, UnicodeDecodeError):
+    except ValueError:
         return f"{len(raw)} bytes, not JSON"

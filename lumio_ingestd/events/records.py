@@ -29,7 +29,8 @@ from collections.abc import Callable
 
 import psycopg2.extensions
 
-from ..model import PlatformEvent
+from .. import boundedjson
+from ..model import MAX_ENTRY_BYTES, PlatformEvent
 
 Cursor = psycopg2.extensions.cursor
 
@@ -80,8 +81,9 @@ def record_kind(raw: bytes | str) -> str | None:
     if _MARK not in data:  # the common case, an event, without a second JSON parse
         return None
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        # Bounded: a poison entry must not raise RecursionError in the retry worker.
+        obj = boundedjson.loads(data, max_bytes=MAX_ENTRY_BYTES)
+    except ValueError:
         return None
     kind = obj.get("kind") if isinstance(obj, dict) else None
     # Children carry a "kind" too; only a top-level string marks a record.

@@ -8,6 +8,8 @@ Every `[events] retry_interval_secs` each replica refreshes its heartbeat
    has no heartbeat any more (it died between claim and settle), and its own
    (left by an earlier incarnation with the same instance id, or by a pass
    that raised): they go back to the head of their dead-letter list in order.
+   The durable copies of gift bombs a dead process held in memory
+   (`events/held.py`) are parked the same way.
 2. One SCAN over `lumio:events:deadletter:{*}` lists the accounts; the sum of
    their lengths is the `events_dead_letter_depth` gauge (non-holders measure
    it too, so every replica exports it).
@@ -79,6 +81,7 @@ from ..redisclient import REDIS_ERRORS
 from ..worker import STOP_GRACE_SECS, IntervalWorker
 from . import store
 from .deadletter import DEADLETTER_TTL_SECS, DeadLetters
+from .held import HeldGifts
 from .records import RecordWriters, record_kind
 
 log = logging.getLogger(__name__)
@@ -138,6 +141,7 @@ class EventRetryWorker(IntervalWorker):
         self._pool = pool
         self._insert_timeout = cfg.events.insert_timeout_secs
         self._dl = DeadLetters(client)
+        self._held = HeldGifts(client, self.instance)
         # A few intervals: a holder between two ticks keeps it; a dead holder
         # is replaced within about one TTL plus one interval.
         self.lease = Lease(client, rediskeys.EVENTS_DRAIN_LEADER,
@@ -200,6 +204,8 @@ class EventRetryWorker(IntervalWorker):
             return report
         report.leader = True
         report.inflight_recovered = self._recover_inflight()
+        # Gift bombs a dead process held in memory: their copies are parked now.
+        report.inflight_recovered += self._held.recover()
         depths = self._scan()
         report.depth = sum(depths.values())
         self.metrics.events_dead_letter_depth.set(report.depth)

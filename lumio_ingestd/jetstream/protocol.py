@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .. import boundedjson
 from ..model import clean_json
 
 OPERATIONS: Final = ("create", "update", "delete")
@@ -39,7 +40,14 @@ BAD_FRAME_REASONS: Final = (
     "unsupported_kind",       # a `kind` we do not know
     "unsupported_operation",  # a commit whose operation is not create/update/delete
     "malformed",              # a known kind with a missing or invalid field
+    "too_large",              # a frame above MAX_FRAME_BYTES
 )
+
+#: One frame carries one record. Bluesky's own records are a few KiB (a post's
+#: text is capped at 3,000 bytes; the PDS refuses record blocks over 1 MiB),
+#: so a larger frame is refused unparsed: decoding it would cost memory and
+#: time for a record no atproto server accepts.
+MAX_FRAME_BYTES: Final = 1024 * 1024
 
 #: Jetstream's limit on wantedDids (a longer list is refused by the server).
 MAX_DIDS: Final = 10_000
@@ -135,6 +143,8 @@ def decode(data: str | bytes, *, binary: bool = False) -> Frame:
     """One WebSocket message -> a frame, or BadFrame."""
     if binary:
         raise BadFrame("binary", f"binary message of {len(data)} bytes (compression is not asked for)")
+    if len(data) > MAX_FRAME_BYTES:
+        raise BadFrame("too_large", f"a frame of {len(data)} bytes (limit {MAX_FRAME_BYTES})")
     if isinstance(data, bytes):
         try:
             text = data.decode("utf-8")
@@ -143,11 +153,12 @@ def decode(data: str | bytes, *, binary: bool = False) -> Frame:
     else:
         text = data
     try:
-        obj = json.loads(text)
-    except ValueError as exc:  # JSONDecodeError, and RecursionError's cousin for deep nesting
-        raise BadFrame("not_json", f"{type(exc).__name__}: {exc}"[:200]) from None
-    except RecursionError:
-        raise BadFrame("not_json", "nested too deeply") from None
+        # Deep nesting is refused before the parser recurses (a "not_json" like
+        # any other document the parser would not take).
+        obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES)
+    except boundedjson.JsonRefused as exc:
+        raise BadFrame("too_large" if exc.reason == "too_large" else "not_json",
+                       str(exc)[:200]) from None
     if not isinstance(obj, dict):
         raise BadFrame("not_object", f"a JSON {type(obj).__name__}, not an object")
     return decode_object(obj)

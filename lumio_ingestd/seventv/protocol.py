@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from .. import boundedjson
 from ..model import PlatformEvent
 
 PLATFORM = "seventv"
@@ -141,7 +142,7 @@ def decode(data: bytes | str, *, binary: bool = False) -> Frame:
     if len(data) > MAX_FRAME_BYTES:
         raise BadFrame("too_large", f"{len(data)} bytes > {MAX_FRAME_BYTES}")
     try:
-        obj = json.loads(data)
+        obj = boundedjson.loads(data, max_bytes=MAX_FRAME_BYTES)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadFrame("not_json", f"{type(exc).__name__}: {str(exc)[:120]}") from None
     if not isinstance(obj, dict):

@@ -4,6 +4,11 @@ A source connects, reads with a timeout, parses, and hands what it read over
 (chat to a persistence queue, events to `persist_event`, records to their
 store). When the connection fails it reconnects with jittered exponential
 backoff, waiting on the stop event so a stop request ends the wait at once.
+Only attempts that fail before the session was healthy grow the backoff: a
+subclass calls `mark_healthy()` once its session is really up (Twitch: welcomed
+and subscribed), and the next loss then waits the minimum again, since no
+platform redelivers what arrives while the source waits. A subclass that never
+calls it gets the reset after `stable_after_secs` of connection instead.
 `wake()` closes the socket from another thread so a blocked read returns.
 Before the thread reports stopped, `release()` pushes whatever the source
 still holds in memory to durable storage.
@@ -29,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..framequarantine import FrameSink
 from ..metrics import Metrics
 from ..worker import Worker
 
@@ -133,7 +139,8 @@ class Source(Worker):
     #: Jittered exponential backoff between connection attempts.
     reconnect_min_secs: float = 1.0
     reconnect_max_secs: float = 60.0
-    #: A healthy connection that lasted this long resets the backoff.
+    #: A connection that lasted this long resets the backoff (for subclasses
+    #: that do not call `mark_healthy()`).
     stable_after_secs: float = 30.0
 
     def __init__(self, name: str, metrics: Metrics) -> None:
@@ -141,8 +148,11 @@ class Source(Worker):
         self.connected = False
         self._attempts = 0
         self._connected_at = 0.0
+        self._healthy = False
         self._rng = random.Random()
         self.source_state = SourceState(self.platform, metrics)
+        #: Where refused frames go with their raw bytes (B17); set by the composition root.
+        self.frame_quarantine: FrameSink | None = None
 
     # -- for subclasses ----------------------------------------------------------
 
@@ -161,6 +171,18 @@ class Source(Worker):
     def release(self) -> None:
         """Hand what is held in memory to durable storage (called before stopping)."""
 
+    def quarantine_frame(self, reason: str, raw: bytes | str, detail: str = "") -> None:
+        """Keep a refused frame's bytes (the caller counted it in source_bad_frames)."""
+        if self.frame_quarantine is not None:
+            self.frame_quarantine.add(self.platform, reason, raw, detail)
+
+    def mark_healthy(self) -> None:
+        """The current session is up and doing its work (for a platform: connected and
+        subscribed/ready). Resets the backoff: the next loss reconnects after the minimum."""
+        if not self._healthy:
+            self._healthy = True
+            self._attempts = 0
+
     def idle(self) -> None:
         """Called after every read turn (timers: keepalive checks, queue age)."""
 
@@ -172,6 +194,7 @@ class Source(Worker):
             try:
                 self.connect()
             except Exception as exc:  # noqa: BLE001 - any failure to connect means: back off, retry
+                self._healthy = False
                 self._attempts += 1
                 delay = self.next_backoff()
                 self.source_state.failed(f"{type(exc).__name__}: {exc}")
@@ -199,8 +222,9 @@ class Source(Worker):
         self.close()
         if self.stopping:
             return 0.0
-        if time.monotonic() - self._connected_at >= self.stable_after_secs:
+        if self._healthy or time.monotonic() - self._connected_at >= self.stable_after_secs:
             self._attempts = 0
+        self._healthy = False
         self._attempts += 1
         delay = self.next_backoff()
         self.source_state.lost(why)

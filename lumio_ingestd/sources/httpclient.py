@@ -8,7 +8,6 @@ connection problems raise `HttpUnavailable`. Nothing durable here.
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 import ssl
 import threading
@@ -16,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+
+from .. import boundedjson
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 
@@ -33,7 +34,7 @@ class HttpResult:
 
     def json(self) -> Any:
         try:
-            return json.loads(self.body)
+            return boundedjson.loads(self.body)
         except ValueError:
             return None
 

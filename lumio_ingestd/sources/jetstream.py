@@ -285,6 +285,7 @@ class JetstreamSource(Source):
             frame = decode(data, binary=binary)
         except BadFrame as bad:
             self.metrics.source_bad_frames.labels(self.platform, bad.reason).inc()
+            self.quarantine_frame(bad.reason, data, bad.detail)
             log.warning("%s: frame refused (%s): %s [did=%s time_us=%s]", self.name, bad.reason,
                         bad.detail, bad.did, bad.time_us)
             log.debug("%s: refused frame: %r", self.name, data[:500])

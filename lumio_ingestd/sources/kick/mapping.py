@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from ... import boundedjson
 from ...model import ChatMessage, EventChild, PlatformEvent
 from ...sessions import StreamChange
 from ..twitch.mapping import BadFrame, decode_json, sane_time
@@ -205,7 +206,7 @@ def parse_frame(data: bytes | str) -> PusherFrame:
     inner = obj.get("data")
     if isinstance(inner, str):
         try:
-            inner = json.loads(inner) if inner else {}
+            inner = boundedjson.loads(inner) if inner else {}
         except ValueError as exc:
             raise BadFrame("json", f"frame.data of {event[:64]} is a string but not JSON: {exc}") from None
     return PusherFrame(event=event, name=event.rsplit("\\", 1)[-1], channel=channel if isinstance(

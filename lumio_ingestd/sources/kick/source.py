@@ -41,6 +41,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from ... import boundedjson
 from ...config import AccountConfig, KickConfig
 from ...metrics import Metrics
 from ...model import ChatMessage
@@ -160,7 +161,7 @@ class KickSource(Source):
             if raw is None:
                 continue
             try:
-                data = json.loads(raw)
+                data = boundedjson.loads(raw)
             except ValueError:
                 self.metrics.source_bad_frames.labels(PLATFORM, "json").inc()
                 continue
@@ -168,7 +169,7 @@ class KickSource(Source):
             inner: Any = data.get("data") if isinstance(data, dict) else None
             if isinstance(inner, str):
                 try:
-                    inner = json.loads(inner)
+                    inner = boundedjson.loads(inner)
                 except ValueError:
                     inner = {}
             inner = inner if isinstance(inner, dict) else {}

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ... import boundedjson
 from ...model import PlatformEvent, parse_time
 
 PLATFORM = "streamelements"
@@ -109,7 +110,7 @@ def parse_frame(raw: bytes) -> Frame:
     except UnicodeDecodeError as exc:
         raise BadFrame("utf8", f"not UTF-8: {exc}") from None
     try:
-        obj = json.loads(text)
+        obj = boundedjson.loads(text)
     except (ValueError, RecursionError) as exc:
         raise BadFrame("json", f"not JSON: {str(exc)[:120]}") from None
     if not isinstance(obj, dict):
@@ -153,7 +154,7 @@ def parse_token(text: str, where: str) -> Token:
         raise ValueError(f"{where}: the token file is empty")
     if body.startswith("{"):
         try:
-            obj = json.loads(body)
+            obj = boundedjson.loads(body)
         except ValueError:
             raise ValueError(f"{where}: the token file starts with '{{' but is not valid JSON") from None
         token = obj.get("token") if isinstance(obj, dict) else None

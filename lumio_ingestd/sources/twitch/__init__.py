@@ -27,7 +27,7 @@ from ...seen import SeenDeliveries
 from ...sessions import StreamSessions
 from ..sink import Alerts
 from .oauth import TokenStore
-from .sink import TwitchSink
+from .sink import HeldCopies, TwitchSink
 from .source import ChatQueueLike, TwitchSource
 from .webhook import MAX_BODY_BYTES, PATH, TwitchWebhook
 
@@ -46,8 +46,8 @@ class TwitchParts:
 def build_twitch(cfg: Config, metrics: Metrics, *, sessions: StreamSessions, seen: SeenDeliveries,
                  chat_queue: Callable[[str], ChatQueueLike], chat: Callable[[ChatMessage], str],
                  persist_event: Callable[[PlatformEvent], PersistResult],
-                 alerts: Alerts | None) -> TwitchParts:
-    sink = TwitchSink(persist_event, metrics, alerts=alerts, sessions=sessions)
+                 alerts: Alerts | None, held: HeldCopies | None = None) -> TwitchParts:
+    sink = TwitchSink(persist_event, metrics, alerts=alerts, sessions=sessions, held=held)
     parts = TwitchParts(sessions=sessions)
     accounts = {a.twitch_user_id: a.account_id for a in cfg.accounts if a.twitch_user_id}
     parts.webhook = TwitchWebhook(cfg.twitch.webhook_secret, accounts, sink, chat, seen, metrics)

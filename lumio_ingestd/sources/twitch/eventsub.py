@@ -65,7 +65,7 @@ class FrameHandler(Protocol):
 
     def on_revocation(self, env: Envelope) -> None: ...
 
-    def on_bad_frame(self, exc: BadFrame) -> None: ...
+    def on_bad_frame(self, exc: BadFrame, raw: bytes = b"") -> None: ...
 
     def on_unsupported(self, env: Envelope) -> None: ...
 
@@ -248,7 +248,7 @@ class EventSubClient:
             it = interpret(self.account_id, data)
         except BadFrame as exc:
             self.metrics.source_frames.labels(PLATFORM, "bad").inc()
-            self.handler.on_bad_frame(exc)
+            self.handler.on_bad_frame(exc, data)
             return
         env = it.envelope
         if it.kind == "control":
@@ -256,7 +256,7 @@ class EventSubClient:
             try:
                 self._control(env, conn)
             except BadFrame as exc:
-                self.handler.on_bad_frame(exc)
+                self.handler.on_bad_frame(exc, data)
             return
         if it.kind == "unsupported":
             self.metrics.source_frames.labels(PLATFORM, "unsupported").inc()

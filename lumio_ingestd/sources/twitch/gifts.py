@@ -29,9 +29,11 @@ arrived is persisted with the recipients it has.
 
 Thread-safe: the WebSocket source uses it from its own thread (`due()` from
 its idle timer), the webhook receiver from request threads (`wait()` blocks
-one request up to the window). Durable: nothing; a held gift is in memory
+one request up to the window). Durable: nothing here; a held gift is in memory
 until `due()`/`wait()`/`drain()` hands it back for persisting (the source's
-release() drains it before it stops).
+release() drains it before it stops). `TwitchSink` writes a durable copy of
+every gift before it is held (events/held.py), so a crash in the window does
+not lose it.
 """
 
 from __future__ import annotations

@@ -26,9 +26,11 @@ transactions) are left out too: a collision with a stream id would drop one.
 
 A frame that cannot be used raises `BadFrame` with a short `reason` (a label
 of `source_bad_frames`): "utf8", "nul" (a raw NUL byte: not valid JSON text),
-"json", "shape" (a field missing or of the wrong type), "time" (a timestamp
+"json", "too_deep" (nested deeper than `boundedjson.DEFAULT_MAX_DEPTH`),
+"shape" (a field missing or of the wrong type), "time" (a timestamp
 outside 2000 .. now + 1 day), "too_large" (and, from the socket reader,
-"binary"). A `\\u0000` escape inside a string
+"binary"; from the source's subscription checks, "foreign_channel" and
+"unsubscribed"). A `\\u0000` escape inside a string
 is valid JSON; the model repairs it (U+FFFD) and counts it as sanitized.
 
 Nothing durable here.
@@ -36,12 +38,12 @@ Nothing durable here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from ... import boundedjson
 from ...model import ChatMessage, PlatformEvent, parse_time
 from ...sessions import StreamChange
 
@@ -168,9 +170,12 @@ def decode_json(data: bytes | str) -> dict[str, Any]:
     if "\x00" in text:
         raise BadFrame("nul", f"raw NUL character at offset {text.index(chr(0))}")
     try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise BadFrame("json", f"not JSON: {exc}") from None
+        obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES)
+    except boundedjson.JsonRefused as exc:
+        # "too_deep" is its own label; "too_large" counts characters here (the
+        # byte check above came first); anything else is plain "json".
+        reason = exc.reason if exc.reason in ("too_deep", "too_large") else "json"
+        raise BadFrame(reason, str(exc)) from None
     if not isinstance(obj, dict):
         raise BadFrame("json", f"not a JSON object but {type(obj).__name__}")
     return obj

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from ... import boundedjson
 from ...config import Secret
 from ...metrics import Metrics
 from ..httpclient import HttpUnavailable, join, request
@@ -101,7 +102,7 @@ class TokenStore:
         except OSError as exc:
             raise TokenError(f"cannot read {self.path}: {exc.strerror or exc}") from None
         try:
-            obj = json.loads(raw)
+            obj = boundedjson.loads(raw)
         except ValueError:
             raise TokenError(f"{self.path} is not JSON") from None
         if not isinstance(obj, dict):

@@ -10,38 +10,66 @@ announce an event the same way:
   sub is persisted and then offered to the linker, `stream.online`/`offline`
   change `stream_sessions`.
 
+A gift bomb's durable copy (`held`, events/held.py) is written before it is
+held and deleted once its final form was taken, so a crash while it waits for
+its recipients does not lose it.
+
 Durable when `persist` returns: whatever its `PersistResult` says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from ...events.persist import PersistResult
 from ...metrics import Metrics
 from ...model import PlatformEvent
-from ...sessions import StreamSessions
+from ...sessions import StreamChange, StreamSessions
 from ..sink import Alerts, EventSink
 from .gifts import GiftLinker
-from .mapping import GIFT_TYPE, PLATFORM, Notification
+from .mapping import GIFT_TYPE, PLATFORM, Gift, Notification
+
+
+class HeldCopies(Protocol):
+    """A durable copy of a held gift bomb (events/held.py `HeldGifts`)."""
+
+    def keep(self, ev: PlatformEvent) -> bool: ...
+
+    def done(self, ev: PlatformEvent) -> None: ...
 
 
 class TwitchSink(EventSink):
     def __init__(self, persist_event: Callable[[PlatformEvent], PersistResult], metrics: Metrics, *,
-                 alerts: Alerts | None, sessions: StreamSessions | None) -> None:
+                 alerts: Alerts | None, sessions: StreamSessions | None,
+                 held: HeldCopies | None = None) -> None:
         super().__init__(persist_event, alerts=alerts, sessions=sessions)
         self._metrics = metrics
+        self.held = held
 
     def taken(self, result: PersistResult) -> None:
         if result.event.type == GIFT_TYPE:
             self._metrics.events_gift_bombs.labels(PLATFORM).inc()
+
+    def persist(self, ev: PlatformEvent, stream: StreamChange | None = None) -> PersistResult:
+        result = super().persist(ev, stream)
+        if self.held is not None and ev.type == GIFT_TYPE and result.outcome != "lost":
+            # Taken (or refused for good): the copy written when it was held is not needed.
+            self.held.done(ev)
+        return result
+
+    def _hold(self, ev: PlatformEvent, gift: Gift, gifts: GiftLinker) -> list[PlatformEvent]:
+        """Hold a gift bomb, its durable copy written first (a crash while held keeps it)."""
+        if self.held is not None:
+            self.held.keep(ev)
+        return gifts.hold(ev, gift)
 
     def deliver(self, note: Notification, gifts: GiftLinker) -> PersistResult | None:
         """Persist one notification's event; None when it is a gift bomb now held by `gifts`."""
         ev = note.event
         assert ev is not None, "deliver() takes event notifications"
         if note.gift is not None and note.gift.role == "bomb":
-            for ready in gifts.hold(ev, note.gift):
+            for ready in self._hold(ev, note.gift, gifts):
                 self.persist(ready)
             return None
         result = self.persist(ev, note.stream)
@@ -59,7 +87,7 @@ class TwitchSink(EventSink):
             assert result is not None
             return result
         mine: PersistResult | None = None
-        for ready in gifts.hold(ev, note.gift):
+        for ready in self._hold(ev, note.gift, gifts):
             result = self.persist(ready)
             if ready.id == ev.id:
                 mine = result

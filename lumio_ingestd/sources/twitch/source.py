@@ -26,6 +26,9 @@ A planned `session_reconnect` is a hand-off inside `EventSubClient`, not a
 reconnect: no subscription is created again and nothing is lost or doubled.
 A revocation stops that subscription (no more events are expected for it;
 the next new session asks for it again, and Helix says whether it may).
+A notification whose subscription names another channel, or of a type this
+source never subscribes to, is refused (`source_bad_frames` "foreign_channel"
+/ "unsubscribed", one warning a minute), never stored under the account.
 
 Durable when the source has stopped: `release()` persisted the gifts still
 held and handed the chat queue to Redis (or the database, or the spool).
@@ -39,13 +42,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ...config import AccountConfig, TwitchConfig
+from ...logs import Throttled
 from ...metrics import Metrics
 from ...model import ChatMessage
 from ..base import Source, SourceClosed
 from .eventsub import EventSubClient, EventSubClosed, KeepaliveTimeout
 from .gifts import GiftLinker
 from .helix import SUBSCRIPTIONS, HelixClient, HelixError, Subscription, condition_for
-from .mapping import PLATFORM, BadFrame, Envelope, Notification
+from .mapping import PLATFORM, BadFrame, Envelope, Notification, channel_of, subscription_type_of
 from .oauth import TokenError, TokenRejected, TokenStore
 from .sink import TwitchSink
 
@@ -106,6 +110,8 @@ class TwitchSource(Source):
             self, metrics, connect_timeout_secs=connect_timeout_secs, margin_secs=keepalive_margin_secs,
             name=self.name)
         self.active: set[str] = set()  # subscription types enabled on the current session
+        self._types = frozenset(sub.type for sub in self._subscriptions)
+        self._refused_log = Throttled(log)
         self._forced_backoff: float | None = None
         self._next_validate_check = 0.0
 
@@ -126,6 +132,8 @@ class TwitchSource(Source):
         except Exception:  # clean up, then let it propagate
             self.client.reset()
             raise
+        # Welcomed and subscribed: the next loss reconnects after the minimum backoff.
+        self.mark_healthy()
 
     def read_once(self) -> None:
         try:
@@ -215,11 +223,34 @@ class TwitchSource(Source):
     # -- FrameHandler -----------------------------------------------------------------------
 
     def on_notification(self, env: Envelope, items: tuple[Notification, ...]) -> None:
+        refusal = self._refusal(env)
+        if refusal is not None:
+            reason, why = refusal
+            self.metrics.source_bad_frames.labels(PLATFORM, reason).inc()
+            self._refused_log.log(logging.WARNING, "%s: refused notification %s: %s", self.name,
+                                  env.message_id[:64], why)
+            return
         for note in items:
             if note.chat is not None:
                 self._queue.add(note.chat)
             elif note.event is not None:
                 self._sink.deliver(note, self.gifts)
+
+    def _refusal(self, env: Envelope) -> tuple[str, str] | None:
+        """Why a notification is not this account's to store: (reason label, message), else None.
+
+        The socket carries only this account's subscriptions, so a
+        notification naming another channel, or of a type never subscribed,
+        is not stored under the account (a mixed-up session, or a bug).
+        """
+        sub_type = env.subscription_type or subscription_type_of(env.payload)
+        if sub_type not in self._types:
+            return "unsubscribed", f"type {sub_type[:128]!r} was never subscribed on this session"
+        channel = channel_of(env.payload)
+        if channel is not None and channel != self.broadcaster_id:
+            return "foreign_channel", (f"its subscription is for channel {channel[:32]!r}, not this "
+                                       f"account's {self.broadcaster_id!r}")
+        return None
 
     def on_revocation(self, env: Envelope) -> None:
         sub = env.payload.get("subscription")
@@ -236,8 +267,9 @@ class TwitchSource(Source):
         if not self.active:
             raise SourceClosed("every subscription was revoked")
 
-    def on_bad_frame(self, exc: BadFrame) -> None:
+    def on_bad_frame(self, exc: BadFrame, raw: bytes = b"") -> None:
         self.metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
+        self.quarantine_frame(exc.reason, raw, str(exc))
         log.warning("%s: refused a frame (%s): %s", self.name, exc.reason, exc)
 
     def on_unsupported(self, env: Envelope) -> None:

@@ -19,7 +19,9 @@ Then, by message type:
   Redis is away) is answered 200 and not stored again. Otherwise the body
   goes through the same mapping as the WebSocket (`mapping.map_notification`;
   the account is the configured one whose `twitch_user_id` the
-  subscription's condition names): chat through `buffer_or_persist`, events
+  subscription's condition names; a type this daemon never subscribes to is
+  acknowledged with 200, counted `source_bad_frames{reason="unsubscribed"}`,
+  logged once a minute and not stored): chat through `buffer_or_persist`, events
   through `TwitchSink` (persist_event, alerts, stream sessions; a gift bomb
   waits up to `gift_wait_secs` for its gifted subs, which arrive as their own
   requests). Answered 204 once everything is durable (stored, parked or
@@ -40,15 +42,18 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 
 from ...config import Secret
+from ...framequarantine import FrameSink
 from ...httpserver import Request, Response
+from ...logs import Throttled
 from ...metrics import Metrics
 from ...model import ChatMessage, parse_time
 from ...seen import SeenDeliveries
 from .gifts import GiftLinker
+from .helix import SUBSCRIPTIONS
 from .mapping import PLATFORM, BadFrame, channel_of, decode_json, map_notification, subscription_type_of
 from .sink import TwitchSink
 
@@ -76,7 +81,7 @@ class TwitchWebhook:
     def __init__(self, secret: Secret | None, accounts: Mapping[str, int], sink: TwitchSink,
                  chat: Callable[[ChatMessage], str], seen: SeenDeliveries,
                  metrics: Metrics, *, gift_wait_secs: float = GIFT_WAIT_SECS,
-                 max_age_secs: float = MAX_AGE_SECS,
+                 max_age_secs: float = MAX_AGE_SECS, types: Iterable[str] | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._secret = secret
         self._accounts = dict(accounts)
@@ -91,6 +96,10 @@ class TwitchWebhook:
         self._clock = clock
         self._lock = threading.Lock()
         self._gifts: dict[int, GiftLinker] = {}
+        self._types = frozenset(types if types is not None else (s.type for s in SUBSCRIPTIONS))
+        self._refused_log = Throttled(log)
+        #: Where refused bodies go with their raw bytes (B17); set by the composition root.
+        self.frame_quarantine: FrameSink | None = None
 
     def handle(self, request: Request) -> Response:
         response, result = self._handle(request)
@@ -178,6 +187,12 @@ class TwitchWebhook:
             header_type = (request.headers.get(H_SUB_TYPE) or "").strip()
             if header_type and header_type != sub_type:
                 raise BadFrame("shape", "Twitch-Eventsub-Subscription-Type disagrees with the body")
+            if sub_type not in self._types:
+                self._metrics.source_bad_frames.labels(PLATFORM, "unsubscribed").inc()
+                self._refused_log.log(logging.WARNING, "twitch webhook: delivery %s is of type %r, "
+                                      "which this daemon never subscribes to; acknowledged, not "
+                                      "stored", message_id[:64], sub_type[:128])
+                return Response.json(200, {"ignored": "type not subscribed"}), "unsubscribed"
             channel = channel_of(body)
             account_id = self._accounts.get(channel) if channel is not None else None
             if account_id is None:
@@ -187,6 +202,8 @@ class TwitchWebhook:
             notes = map_notification(account_id, sub_type, body, message_id, sent_at)
         except BadFrame as exc:
             self._metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
+            if self.frame_quarantine is not None:
+                self.frame_quarantine.add(PLATFORM, exc.reason, request.body, str(exc))
             log.warning("twitch webhook: refused delivery %s (%s): %s", message_id[:64], exc.reason, exc)
             return Response.json(400, {"error": f"bad body: {exc}"}), "bad_request"
         lost = 0
