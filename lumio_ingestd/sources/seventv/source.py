@@ -167,6 +167,7 @@ class SevenTvSocket(Source):
                  "%d subscription(s)", self.name, hello.session_id, hello.heartbeat_interval_ms,
                  hello.subscription_limit if hello.subscription_limit is not None else "none",
                  len(self.group), len(self.server_subs))
+        self.mark_healthy()  # welcomed and subscribed: the next drop starts the backoff over
 
     def _read_hello(self, ws: WsConnection) -> Hello:
         deadline = time.monotonic() + self.connect_timeout_secs
@@ -341,6 +342,7 @@ class SevenTvSocket(Source):
             return decode(data, binary=isinstance(data, Binary))
         except BadFrame as bad:
             self.metrics.source_bad_frames.labels(PLATFORM, bad.reason).inc()
+            self.quarantine_frame(bad.reason, data, bad.detail)
             log.warning("%s: frame refused (%s): %s", self.name, bad.reason, bad.detail)
             return None
 

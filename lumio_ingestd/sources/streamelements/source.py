@@ -379,6 +379,7 @@ class StreamElementsSource(Source):
             topic.state, topic.nonce, topic.attempts, topic.failing = "active", None, 0, None
             self._rate_limits = 0
             self.metrics.source_subscriptions.labels(PLATFORM, "ok").inc()
+            self.mark_healthy()  # a working session: the next drop starts the backoff over
             return
         error = frame.error
         label = error if error in KNOWN_ERRORS else "other"
@@ -434,7 +435,7 @@ class StreamElementsSource(Source):
                 raise BadFrame("binary", f"a binary frame of {len(data)} bytes (Astro sends text)")
             frame = parse_frame(data)
         except BadFrame as exc:
-            self._bad(exc)
+            self._bad(exc, data)
             return
         self._handle(frame, conn)
 
@@ -481,10 +482,13 @@ class StreamElementsSource(Source):
         if key is not None:
             self._frames.add(key)
 
-    def _bad(self, exc: BadFrame) -> None:
+    def _bad(self, exc: BadFrame, raw: bytes | None = None) -> None:
+        """`raw`: the frame, when it could not even be parsed (kept in the frame quarantine)."""
         self.metrics.source_frames.labels(PLATFORM, "bad").inc()
         self.metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
         if exc.reason != "unsupported":
+            if raw is not None:
+                self.quarantine_frame(exc.reason, raw, str(exc))
             log.warning("%s: refused a frame (%s): %s", self.name, exc.reason, exc)
             return
         # A topic subscribed but not stored sends all the time: said once, then counted only.
