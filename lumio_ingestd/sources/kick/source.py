@@ -162,8 +162,9 @@ class KickSource(Source):
                 continue
             try:
                 data = boundedjson.loads(raw)
-            except ValueError:
+            except ValueError as exc:
                 self.metrics.source_bad_frames.labels(PLATFORM, "json").inc()
+                self.quarantine_frame("json", raw, f"before pusher:connection_established: {exc}")
                 continue
             event = data.get("event") if isinstance(data, dict) else None
             inner: Any = data.get("data") if isinstance(data, dict) else None

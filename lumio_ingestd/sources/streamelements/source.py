@@ -289,14 +289,14 @@ class StreamElementsSource(Source):
                 try:
                     frame = parse_frame(data)
                 except BadFrame as exc:
-                    self._bad(exc)
+                    self._bad(exc, data)
                     continue
                 if frame.type == "welcome":
                     client_id = frame.data.get("client_id")
                     self.client_id = client_id if isinstance(client_id, str) else None
                     self.welcomed_at = time.monotonic()
                     return conn
-                self._handle(frame, conn)  # nothing else is expected first; handled all the same
+                self._handle(frame, conn, data)  # nothing else is expected first; handled all the same
         except BaseException:
             conn.close()
             raise
@@ -437,11 +437,11 @@ class StreamElementsSource(Source):
         except BadFrame as exc:
             self._bad(exc, data)
             return
-        self._handle(frame, conn)
+        self._handle(frame, conn, data)
 
-    def _handle(self, frame: Frame, conn: WsConnection) -> None:
+    def _handle(self, frame: Frame, conn: WsConnection, raw: bytes) -> None:
         if frame.type == "message":
-            self._message(frame)
+            self._message(frame, raw)
         elif frame.type == "response":
             self.metrics.source_frames.labels(PLATFORM, "control").inc()
             self._response(frame)
@@ -454,7 +454,7 @@ class StreamElementsSource(Source):
         else:
             self._bad(BadFrame("unsupported", f"a frame of type {frame.type[:64]!r}"))
 
-    def _message(self, frame: Frame) -> None:
+    def _message(self, frame: Frame, raw: bytes) -> None:
         key = f"{frame.topic}\x00{frame.id}" if frame.id else None
         if key is not None and key in self._frames:
             self.metrics.source_duplicates.labels(PLATFORM).inc()
@@ -466,7 +466,7 @@ class StreamElementsSource(Source):
                 raise BadFrame("room", f"a {str(frame.topic)[:64]} message for room "
                                        f"{frame.room[:64]!r}, not this account's")
         except BadFrame as exc:
-            self._bad(exc)
+            self._bad(exc, raw)
             return
         ev = mapped.event
         if mapped.pii_removed:
@@ -483,7 +483,7 @@ class StreamElementsSource(Source):
             self._frames.add(key)
 
     def _bad(self, exc: BadFrame, raw: bytes | None = None) -> None:
-        """`raw`: the frame, when it could not even be parsed (kept in the frame quarantine)."""
+        """`raw`: the refused frame's bytes (kept in the frame quarantine, unless merely unsupported)."""
         self.metrics.source_frames.labels(PLATFORM, "bad").inc()
         self.metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
         if exc.reason != "unsupported":
