@@ -161,7 +161,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .sources.jetstream import build_jetstream
     from .sources.kick import build_kick, webhook_key
     from .sources.kick.signature import KeyFormatError
-    from .sources.seventv import build_seventv
+    from .sources.seventv import SevenTvSource, build_seventv
     from .sources.sink import EventSink
     from .sources.streamelements import build_streamelements
     from .sources.streamstatus import build_stream_status
@@ -242,7 +242,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     # Refused frames keep their raw bytes (RELIABILITY.md B17).
     frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
     for source in parts.sources:
-        if isinstance(source, Source):
+        if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
             source.frame_quarantine = frames
     if twitch.webhook is not None:
         twitch.webhook.frame_quarantine = frames

@@ -6,7 +6,8 @@ Used by the tests, the benchmarks and `lumio-ingestd demo` (it needs the
 
 - Pusher `ws://127.0.0.1:P/app/KEY?protocol=7...`: `pusher:connection_established`
   with `activity_timeout` on connect; `pusher:subscribe` answered with
-  `pusher_internal:subscription_succeeded`; a client `pusher:ping` answered with
+  `pusher_internal:subscription_succeeded` (`pusher:subscription_error` while
+  `refuse_subscribes` is set); a client `pusher:ping` answered with
   `pusher:pong` (unless `answer_pings` is off: a half-dead server); with
   `server_ping_after_secs` set, a `pusher:ping` after that much silence and
   close 4201 when no `pusher:pong` comes within `pong_timeout_secs`; any close
@@ -197,6 +198,9 @@ class KickStandin:
         self.pong_timeout_secs = pong_timeout_secs
         self.token_lifetime_secs = token_lifetime_secs
         self.answer_pings = True
+        #: Answer every `pusher:subscribe` with `pusher:subscription_error` (a welcomed session
+        #: that never becomes a working one).
+        self.refuse_subscribes = False
         self.key = test_key_pair()
         self.webhook_url: str | None = None
         self.connections: list[PusherConnection] = []
@@ -335,7 +339,11 @@ class KickStandin:
         data = data if isinstance(data, dict) else {}
         if event == "pusher:subscribe":
             channel = data.get("channel")
-            if isinstance(channel, str) and channel:
+            if isinstance(channel, str) and channel and self.refuse_subscribes:
+                self._send(pc, {"event": "pusher:subscription_error", "channel": channel,
+                                "data": json.dumps({"type": "AuthError", "error": "refused by the stand-in",
+                                                    "status": 401})})
+            elif isinstance(channel, str) and channel:
                 with self._lock:
                     pc.channels[channel] = time.monotonic() - pc.opened_at
                 self._send(pc, {"event": "pusher_internal:subscription_succeeded", "channel": channel,

@@ -9,8 +9,9 @@ PROTOCOLS.md §6:
   interval while the connection's heartbeats are on; op 35 Subscribe
   (answered with op 5 Ack; a repeat closes with 4009; beyond the limit an
   op 6 Error, the subscription refused: the real server's answer there is
-  UNCONFIRMED), op 36 Unsubscribe (unknown: 4010), op 34 Resume (answered
-  like the current server: `success: false`, nothing restored), any other
+  UNCONFIRMED; every subscribe while `refuse_subscribes` is set), op 36
+  Unsubscribe (unknown: 4010), op 34 Resume (answered like the current
+  server: `success: false`, nothing restored), any other
   opcode or malformed frame: 4001/4002. Dispatches go to the connections
   subscribed to their (type, object id).
 - REST `http://127.0.0.1:P/v3`: `GET /users/twitch/{id}`, `GET /users/{id}`,
@@ -92,6 +93,9 @@ class SevenTvStandin:
         #: Keep every connection's inbound frames (a long-running demo turns it off).
         self.record_inbound = True
         self.dispatched = 0
+        #: Answer every op 35 Subscribe with an op 6 Error and keep nothing (a welcomed session
+        #: that never becomes a working one).
+        self.refuse_subscribes = False
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._numbers = itertools.count(1)
@@ -361,10 +365,13 @@ class SevenTvStandin:
                 if sub in c.subs:
                     self.close_connection(c, 4009, "already subscribed")
                     return
-                if self.subscription_limit is not None and len(c.subs) >= self.subscription_limit:
+                if self.refuse_subscribes or (self.subscription_limit is not None
+                                              and len(c.subs) >= self.subscription_limit):
                     c.refused += 1
-                    self._send(c, json.dumps({"op": 6, "t": self._now_ms(),
-                                              "d": {"message": "subscription limit reached"}}))
+                    message = "refused by the stand-in" if self.refuse_subscribes else \
+                        "subscription limit reached"
+                    self._send(c, json.dumps({"op": 6, "t": self._now_ms(), "d": {"message": message}}))
+                    self._notify()
                     return
                 with self._lock:
                     c.subs.add(sub)

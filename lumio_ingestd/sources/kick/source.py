@@ -162,8 +162,9 @@ class KickSource(Source):
                 continue
             try:
                 data = boundedjson.loads(raw)
-            except ValueError:
+            except ValueError as exc:
                 self.metrics.source_bad_frames.labels(PLATFORM, "json").inc()
+                self.quarantine_frame("json", raw, f"before pusher:connection_established: {exc}")
                 continue
             event = data.get("event") if isinstance(data, dict) else None
             inner: Any = data.get("data") if isinstance(data, dict) else None
@@ -245,12 +246,12 @@ class KickSource(Source):
 
     def _handle(self, ws: WsConnection, raw: bytes) -> None:
         if isinstance(raw, Binary):
-            self._bad("binary", "a binary frame (Pusher sends text)")
+            self._bad("binary", "a binary frame (Pusher sends text)", raw)
             return
         try:
             result = interpret(self.account_id, raw, self._clock(), bucket_secs=self._bucket)
         except BadFrame as exc:
-            self._bad(exc.reason, str(exc))
+            self._bad(exc.reason, str(exc), raw)
             return
         self.metrics.source_frames.labels(PLATFORM, result.kind).inc()
         if result.kind == "control":
@@ -275,6 +276,8 @@ class KickSource(Source):
         elif event == "pusher_internal:subscription_succeeded" and channel:
             self.subscribed.add(channel)
             self.metrics.source_subscriptions.labels(PLATFORM, "ok").inc()
+            if self.subscribed.issuperset(self.channels):
+                self.mark_healthy()  # a working session: the next drop starts the backoff over
         elif event == "pusher:subscription_error":
             self.metrics.source_subscriptions.labels(PLATFORM, "failed").inc()
             log.error("%s: subscription to %s refused: %s", self.name, channel, str(data)[:200])
@@ -289,9 +292,10 @@ class KickSource(Source):
             self._queue.drain()
             raise PusherClosed(code, f"pusher:error {code}: {message}")
 
-    def _bad(self, reason: str, why: str) -> None:
+    def _bad(self, reason: str, why: str, raw: bytes) -> None:
         self.metrics.source_frames.labels(PLATFORM, "bad").inc()
         self.metrics.source_bad_frames.labels(PLATFORM, reason).inc()
+        self.quarantine_frame(reason, raw, why)
         log.warning("%s: refused a frame (%s): %s", self.name, reason, why[:300])
 
     def _closed_with(self, code: int | None, reason: str) -> None:

@@ -17,7 +17,13 @@ A socket, on every (re)connect:
    reads its Ack for a moment: the current server answers `success: false`,
    and either way nothing depends on it but which subscriptions the server
    already holds;
-3. subscribes (op 35) to what its accounts need and are known to need;
+3. subscribes (op 35) to what its accounts need and are known to need; once
+   the server has acked (op 5) every subscribe sent on this connection, the
+   session is healthy (`mark_healthy`): its loss reconnects after the minimum
+   backoff, while sessions lost before that (a server that welcomes and then
+   drops) grow it. A session with nothing to subscribe is healthy on its Hello;
+   one whose ack never comes (a refused subscribe) is left to the base's
+   `stable_after_secs`;
 4. heals every account through the REST API (`Follower.heal`): the set is
    fetched and diffed with the stored state, so what changed while the socket
    was down is stored once; accounts found only now are subscribed after.
@@ -48,6 +54,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...framequarantine import FrameSink
 from ...metrics import Metrics
 from ...seventv.protocol import (
     EMOTE_SET_UPDATE,
@@ -124,6 +131,8 @@ class SevenTvSocket(Source):
         self._ws: WsConnection | None = None
         self._ws_lock = threading.Lock()
         self._forced_backoff: float | None = None
+        #: Subscribes sent on this connection that the server has not acked yet.
+        self._unacked = 0
         #: What the server holds for this connection.
         self.server_subs: set[Subscription] = set()
         #: What the server held when the last connection ended (what a successful Resume restores).
@@ -150,6 +159,7 @@ class SevenTvSocket(Source):
             self.hellos.append(hello)
             self._fit(hello.subscription_limit)
             self.server_subs = set()
+            self._unacked = 0
             if self.resume and self.previous_session is not None:
                 self._resume(ws, self.previous_session)
             self.previous_session = hello.session_id
@@ -167,6 +177,8 @@ class SevenTvSocket(Source):
                  "%d subscription(s)", self.name, hello.session_id, hello.heartbeat_interval_ms,
                  hello.subscription_limit if hello.subscription_limit is not None else "none",
                  len(self.group), len(self.server_subs))
+        if not self._unacked:
+            self.mark_healthy()  # welcomed, nothing to subscribe: there is no ack to wait for
 
     def _read_hello(self, ws: WsConnection) -> Hello:
         deadline = time.monotonic() + self.connect_timeout_secs
@@ -203,7 +215,7 @@ class SevenTvSocket(Source):
                              json.dumps(dict(frame.data))[:200])
                 return
             if frame is not None:
-                self._handle(frame)
+                self._handle(frame, data)
         log.info("%s: no answer to Resume within %.1fs; subscribing again", self.name,
                  self.resume_ack_secs)
 
@@ -221,7 +233,7 @@ class SevenTvSocket(Source):
             return
         frame = self._decode(data)
         if frame is not None:
-            self._handle(frame)
+            self._handle(frame, data)
 
     def _check_alive(self, ws: WsConnection) -> None:
         hello = self.hello
@@ -332,6 +344,7 @@ class SevenTvSocket(Source):
         for sub in sorted(want - self.server_subs):
             ws.send_text(subscribe(*sub))
             self.server_subs.add(sub)
+            self._unacked += 1
             self.metrics.source_subscriptions.labels(PLATFORM, "ok").inc()
 
     # -- frames ------------------------------------------------------------------------------
@@ -341,15 +354,17 @@ class SevenTvSocket(Source):
             return decode(data, binary=isinstance(data, Binary))
         except BadFrame as bad:
             self.metrics.source_bad_frames.labels(PLATFORM, bad.reason).inc()
+            self.quarantine_frame(bad.reason, data, bad.detail)
             log.warning("%s: frame refused (%s): %s", self.name, bad.reason, bad.detail)
             return None
 
-    def _handle(self, frame: Frame) -> None:
+    def _handle(self, frame: Frame, raw: bytes = b"") -> None:
+        """`raw`: the frame's bytes, kept in the frame quarantine when a dispatch is refused."""
         if isinstance(frame, Heartbeat):
             self.metrics.source_frames.labels(PLATFORM, "heartbeat").inc()
         elif isinstance(frame, Dispatch):
             self.metrics.source_frames.labels(PLATFORM, "dispatch").inc()
-            self._dispatch(frame)
+            self._dispatch(frame, raw)
         elif isinstance(frame, Reconnect):
             self.metrics.source_frames.labels(PLATFORM, "reconnect").inc()
             self.metrics.source_closes.labels(PLATFORM, "op4").inc()
@@ -365,13 +380,19 @@ class SevenTvSocket(Source):
             log.warning("%s: the server reports an error: %s", self.name, frame.message)
         elif isinstance(frame, Ack):
             self.metrics.source_frames.labels(PLATFORM, "ack").inc()
-            if frame.command.upper() == "RESUME":
+            command = frame.command.upper()
+            if command == "RESUME":
                 self.resume_acks.append(dict(frame.data))
+            elif command == "SUBSCRIBE" and self._unacked:
+                self._unacked -= 1
+                if not self._unacked:
+                    # Welcomed and subscribed: the next drop starts the backoff over.
+                    self.mark_healthy()
         elif isinstance(frame, Hello):
             self.metrics.source_frames.labels(PLATFORM, "hello").inc()
             log.info("%s: a second Hello on one connection ignored", self.name)
 
-    def _dispatch(self, d: Dispatch) -> None:
+    def _dispatch(self, d: Dispatch, raw: bytes) -> None:
         try:
             if d.type == EMOTE_SET_UPDATE:
                 update = set_update(d)
@@ -395,6 +416,8 @@ class SevenTvSocket(Source):
                 log.info("%s: dispatch of type %r not followed; skipped", self.name, d.type)
         except BadFrame as bad:
             self.metrics.source_bad_frames.labels(PLATFORM, bad.reason).inc()
+            if raw:
+                self.quarantine_frame(bad.reason, raw, bad.detail)
             log.warning("%s: dispatch refused (%s): %s", self.name, bad.reason, bad.detail)
 
     def _guarded(self, f: Followed, call: Callable[..., object], *args: Any) -> None:
@@ -457,6 +480,8 @@ class SevenTvSource(Worker):
         #: Tuning for the sockets made from now on (tests shorten the reconnect waits).
         self.reconnect_min_secs = 1.0
         self.reconnect_max_secs = 60.0
+        #: Where the sockets made from now on keep refused frames (B17); set by the composition root.
+        self.frame_quarantine: FrameSink | None = None
 
     def give_back(self, accounts: list[Followed]) -> None:
         with self._lock:
@@ -473,6 +498,7 @@ class SevenTvSource(Worker):
                                  give_back=self.give_back, **self.socket_opts)
             sock.reconnect_min_secs = self.reconnect_min_secs
             sock.reconnect_max_secs = self.reconnect_max_secs
+            sock.frame_quarantine = self.frame_quarantine
             self.sockets.append(sock)
             sock.start()
         for sock in self.sockets:

@@ -289,14 +289,14 @@ class StreamElementsSource(Source):
                 try:
                     frame = parse_frame(data)
                 except BadFrame as exc:
-                    self._bad(exc)
+                    self._bad(exc, data)
                     continue
                 if frame.type == "welcome":
                     client_id = frame.data.get("client_id")
                     self.client_id = client_id if isinstance(client_id, str) else None
                     self.welcomed_at = time.monotonic()
                     return conn
-                self._handle(frame, conn)  # nothing else is expected first; handled all the same
+                self._handle(frame, conn, data)  # nothing else is expected first; handled all the same
         except BaseException:
             conn.close()
             raise
@@ -379,6 +379,7 @@ class StreamElementsSource(Source):
             topic.state, topic.nonce, topic.attempts, topic.failing = "active", None, 0, None
             self._rate_limits = 0
             self.metrics.source_subscriptions.labels(PLATFORM, "ok").inc()
+            self.mark_healthy()  # a working session: the next drop starts the backoff over
             return
         error = frame.error
         label = error if error in KNOWN_ERRORS else "other"
@@ -434,13 +435,13 @@ class StreamElementsSource(Source):
                 raise BadFrame("binary", f"a binary frame of {len(data)} bytes (Astro sends text)")
             frame = parse_frame(data)
         except BadFrame as exc:
-            self._bad(exc)
+            self._bad(exc, data)
             return
-        self._handle(frame, conn)
+        self._handle(frame, conn, data)
 
-    def _handle(self, frame: Frame, conn: WsConnection) -> None:
+    def _handle(self, frame: Frame, conn: WsConnection, raw: bytes) -> None:
         if frame.type == "message":
-            self._message(frame)
+            self._message(frame, raw)
         elif frame.type == "response":
             self.metrics.source_frames.labels(PLATFORM, "control").inc()
             self._response(frame)
@@ -453,7 +454,7 @@ class StreamElementsSource(Source):
         else:
             self._bad(BadFrame("unsupported", f"a frame of type {frame.type[:64]!r}"))
 
-    def _message(self, frame: Frame) -> None:
+    def _message(self, frame: Frame, raw: bytes) -> None:
         key = f"{frame.topic}\x00{frame.id}" if frame.id else None
         if key is not None and key in self._frames:
             self.metrics.source_duplicates.labels(PLATFORM).inc()
@@ -465,7 +466,7 @@ class StreamElementsSource(Source):
                 raise BadFrame("room", f"a {str(frame.topic)[:64]} message for room "
                                        f"{frame.room[:64]!r}, not this account's")
         except BadFrame as exc:
-            self._bad(exc)
+            self._bad(exc, raw)
             return
         ev = mapped.event
         if mapped.pii_removed:
@@ -481,10 +482,13 @@ class StreamElementsSource(Source):
         if key is not None:
             self._frames.add(key)
 
-    def _bad(self, exc: BadFrame) -> None:
+    def _bad(self, exc: BadFrame, raw: bytes | None = None) -> None:
+        """`raw`: the refused frame's bytes (kept in the frame quarantine, unless merely unsupported)."""
         self.metrics.source_frames.labels(PLATFORM, "bad").inc()
         self.metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
         if exc.reason != "unsupported":
+            if raw is not None:
+                self.quarantine_frame(exc.reason, raw, str(exc))
             log.warning("%s: refused a frame (%s): %s", self.name, exc.reason, exc)
             return
         # A topic subscribed but not stored sends all the time: said once, then counted only.
