@@ -50,6 +50,10 @@ CHAT_CHANNEL = f"chatrooms.{CHATROOM}.v2"
 EVENT_CHANNEL = f"channel.{CHANNEL}"
 
 
+#: 2**31 s: every time from 1970 to 2038 is one bucket.
+TEST_BUCKET_SECS = 2**31
+
+
 def kick_config(tmp_path: Path, pg_url: str, redis_url: str, fake: FakeKick, *,
                 extra: Mapping[str, Mapping[str, object]] | None = None) -> Config:
     cfg_dir = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}"
@@ -91,6 +95,10 @@ class KickRig:
     sources: list[KickSource] = field(default_factory=list)
 
     def source(self, **kwargs: Any) -> KickSource:
+        # One content-id bucket for the whole test run: a test that sends an event on the
+        # socket and again by webhook must not straddle a 5-minute wall-clock boundary (two
+        # rows, by design). The mapping tests cover the real bucket size.
+        kwargs.setdefault("bucket_secs", TEST_BUCKET_SECS)
         src = KickSource(self.cfg.accounts[0], self.cfg.kick, chat_queue=ChatQueue(self.chat, self.metrics),
                          sink=self.sink, metrics=self.metrics, **kwargs)
         src.reconnect_min_secs = 0.05
@@ -102,6 +110,7 @@ class KickRig:
         accounts = {a.kick_broadcaster_user_id: a.account_id for a in self.cfg.accounts
                     if a.kick_broadcaster_user_id}
         kwargs.setdefault("max_age_secs", self.cfg.kick.webhook_max_age_secs)
+        kwargs.setdefault("bucket_secs", TEST_BUCKET_SECS)
         return KickWebhook(webhook_key(self.cfg), accounts, self.sink, self.chat.buffer_or_persist,
                            SeenDeliveries(self.redis, "kick"), self.metrics, **kwargs)
 
