@@ -107,6 +107,15 @@ class DeadLetters:
         # redis-py's annotations say str; bytes go to the server unchanged.
         self._client.lrem(rediskeys.events_inflight(account_id, instance), 1, cast(str, raw))
 
+    def settle_many(self, account_id: int, instance: str, raws: Sequence[bytes]) -> None:
+        """`settle` for several entries in one round trip (a pipeline, not a MULTI:
+        each LREM stands alone, and one left undone is only replayed as recovered)."""
+        key = rediskeys.events_inflight(account_id, instance)
+        pipe = self._client.pipeline(transaction=False)
+        for raw in raws:
+            pipe.lrem(key, 1, cast(str, raw))
+        pipe.execute()
+
     def quarantine(self, account_id: int, instance: str, raw: bytes, reason: str,
                    sqlstate: str | None) -> None:
         """Move one in-flight entry to the account's quarantine, atomically."""
