@@ -339,13 +339,21 @@ class EventRetryWorker(IntervalWorker):
         ready: deque[_Ready] = deque()
         while pending or ready:
             self._check_going(report)
-            size = self._tx_size()
-            while pending and len(ready) < size:
-                item = self._decode(account, pending.popleft(), report)
-                if item is not None:
-                    ready.append(item)
+            self._fill(account, pending, ready, 1, report)
             if ready:
-                self._replay_transaction(account, ready, size, report)
+                self._replay_transaction(account, pending, ready, self._tx_size(), report)
+
+    def _fill(self, account: int, pending: deque[bytes], ready: deque[_Ready], want: int,
+              report: PassReport) -> None:
+        """Decode entries from `pending` until `ready` holds `want` (or none are left).
+
+        A little at a time, just before they are stored: a long burst of
+        decoding would hold the interpreter lock away from the live paths.
+        """
+        while pending and len(ready) < want:
+            item = self._decode(account, pending.popleft(), report)
+            if item is not None:
+                ready.append(item)
 
     def _tx_size(self) -> int:
         # The first entries of a pass are committed one at a time: a pass that
@@ -379,8 +387,8 @@ class EventRetryWorker(IntervalWorker):
             return None
         return raw, ev, writer
 
-    def _replay_transaction(self, account: int, ready: deque[_Ready], size: int,
-                            report: PassReport) -> None:
+    def _replay_transaction(self, account: int, pending: deque[bytes], ready: deque[_Ready],
+                            size: int, report: PassReport) -> None:
         """Insert up to `size` entries from the head of `ready` in one transaction.
 
         Each entry runs inside its own SAVEPOINT: "already stored" (a unique
@@ -402,11 +410,14 @@ class EventRetryWorker(IntervalWorker):
         grouped = False  # a group's rollback failed: the transaction is lost
         try:
             with self._pool.transaction(deadline=started + self._insert_timeout) as cur:
-                while ready and len(done) < size:
+                while len(done) < size:
                     # Later entries of a transaction get what is left of its one
                     # deadline; stop adding well before it (the first always runs).
                     if done and (time.monotonic() > soft_limit or self.stop_event.is_set()
                                  or time.monotonic() >= self._pass_deadline):
+                        break
+                    self._fill(account, pending, ready, min(_GROUP, size - len(done)), report)
+                    if not ready:
                         break
                     group = [] if singles else self._group(ready, size - len(done))
                     if len(group) > 1:
@@ -452,7 +463,7 @@ class EventRetryWorker(IntervalWorker):
                 ready.appendleft(failure[0])
             ready.extendleft(reversed([item for item, _ in done]))
             self._tx_commits = 0
-            if done or failure is not None or grouped:
+            if len(done) + (failure is not None) > 1 or grouped:
                 log.info("event replay: a transaction of %d entries failed (%s); retrying them "
                          "one per transaction", len(done) + (failure is not None),
                          type(exc).__name__)
@@ -464,7 +475,8 @@ class EventRetryWorker(IntervalWorker):
         self._settle(account, done, report)
         if failure is not None:
             (raw, ev, _), error = failure
-            self._tx_commits = 0
+            # An entry's own failure says nothing about the database: the
+            # ramp goes on (a transient one raises _Stop, which resets it).
             self._failed(account, raw, ev, error, classify(error), report)
             return
         self._tx_commits += 1
