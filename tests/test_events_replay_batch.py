@@ -163,6 +163,8 @@ def test_several_events_in_one_round_trip_tell_new_from_already_stored(rig: Rig)
     psycopg2.extras.register_uuid(conn_or_curs=conn)  # type: ignore[no-untyped-call]
     try:
         with conn.cursor() as cur:
+            store.prepare_replay(cur)
+            store.prepare_replay(cur)  # a second time: a no-op
             assert store.insert_events_in_savepoints(cur, [stored, first, fresh],
                                                      ["a", "b", "c"]) == [False, True, True]
             # The redelivery in a later query of the same transaction: the probe sees the row.

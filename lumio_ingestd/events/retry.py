@@ -410,6 +410,7 @@ class EventRetryWorker(IntervalWorker):
         grouped = False  # a group's rollback failed: the transaction is lost
         try:
             with self._pool.transaction(deadline=started + self._insert_timeout) as cur:
+                store.prepare_replay(cur)
                 while len(done) < size:
                     # Later entries of a transaction get what is left of its one
                     # deadline; stop adding well before it (the first always runs).

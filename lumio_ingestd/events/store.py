@@ -67,19 +67,32 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (id, created_at) DO NOTHING
 """
 
-# `_EXISTS` and `_INSERT` as one statement, for `insert_event_in_savepoint`:
-# the probe is the same and still runs after the lock statement, on the
-# snapshot this statement takes when it starts (READ COMMITTED).
-_INSERT_UNLESS_SEEN = """
+# The replay's statements, prepared once per connection (`prepare_replay`),
+# so a replay of many events parses them once instead of per event:
+# `_INSERT`, and `_EXISTS` and `_INSERT` as one statement. The probe is the
+# same and still runs after the lock statement, on the snapshot the INSERT
+# takes when it starts (READ COMMITTED).
+_PREPARED = {
+    "lumio_replay_insert": """
+PREPARE lumio_replay_insert (uuid, timestamptz, bigint, text, text, text, text, jsonb) AS
 INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
-SELECT %s, %s, %s, %s, %s, %s, %s, %s
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (id, created_at) DO NOTHING""",
+    "lumio_replay_insert_unless_seen": """
+PREPARE lumio_replay_insert_unless_seen
+    (uuid, timestamptz, bigint, text, text, text, text, jsonb, timestamptz, timestamptz) AS
+INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8
 WHERE NOT EXISTS (
     SELECT 1 FROM events
-    WHERE account_id = %s AND external_id = %s AND platform = %s
-      AND created_at BETWEEN %s AND %s
+    WHERE account_id = $3 AND external_id = $6 AND platform = $4
+      AND created_at BETWEEN $9 AND $10
 )
-ON CONFLICT (id, created_at) DO NOTHING
-"""
+ON CONFLICT (id, created_at) DO NOTHING""",
+}
+_EXEC_INSERT = "EXECUTE lumio_replay_insert (%s, %s, %s, %s, %s, %s, %s, %s)"
+_EXEC_INSERT_UNLESS_SEEN = ("EXECUTE lumio_replay_insert_unless_seen "
+                            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
 
 _IDS_PRESENT = "SELECT id FROM events WHERE created_at BETWEEN %s AND %s AND id = ANY(%s)"
 
@@ -123,17 +136,32 @@ def insert_event(cur: Cursor, ev: PlatformEvent) -> bool:
     return True
 
 
+def prepare_replay(cur: Cursor) -> None:
+    """Prepare the statements of the two functions below on this connection, once.
+
+    Prepared statements outlive transactions (a rollback keeps them) and die
+    with the connection; a connection that has them costs one round trip.
+    """
+    cur.execute("SELECT name FROM pg_prepared_statements WHERE name = ANY(%s)",
+                (list(_PREPARED),))
+    have = {row[0] for row in cur.fetchall()}
+    missing = [sql for name, sql in _PREPARED.items() if name not in have]
+    if missing:
+        cur.execute("; ".join(missing))
+
+
 def insert_event_in_savepoint(cur: Cursor, ev: PlatformEvent, savepoint: str,
                               release: str | None = None) -> bool:
     """`insert_event` inside a new SAVEPOINT `savepoint`, in fewer round trips.
 
-    For a transaction that stores many events (the replay of parked ones).
-    The same statements in the same order: the lock is its own statement, and
+    For a transaction that stores many events (the replay of parked ones),
+    after `prepare_replay` on its connection. The same statements in the
+    same order (the INSERTs prepared): the lock is its own statement, and
     in READ COMMITTED every statement of a multi-statement query takes its
     own snapshot, so the probe still sees whatever the previous holder of the
     lock committed. Only the round trips are merged: RELEASE of the previous
     event's savepoint, this SAVEPOINT, the lock, and the INSERT guarded by the
-    same probe (`_INSERT_UNLESS_SEEN`) go in one query; the children, if
+    same probe (`lumio_replay_insert_unless_seen`) go in one query; the children, if
     any, in a second. After a failure
     the caller rolls back to `savepoint`; if the failure was in the RELEASE or
     the SAVEPOINT itself, that rollback fails too and the caller must treat
@@ -143,12 +171,11 @@ def insert_event_in_savepoint(cur: Cursor, ev: PlatformEvent, savepoint: str,
     row_params = (ev.id, ev.created_at, ev.account_id, ev.platform, ev.type,
                   ev.external_id, ev.user_id, json.dumps(ev.payload))
     if ev.external_id is not None:
-        cur.execute(prefix + _LOCK + "; " + _INSERT_UNLESS_SEEN,
+        cur.execute(prefix + _LOCK + "; " + _EXEC_INSERT_UNLESS_SEEN,
                     (ev.account_id, ev.platform, ev.external_id, *row_params,
-                     ev.account_id, ev.external_id, ev.platform,
                      ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW))
     else:
-        cur.execute(prefix + _INSERT, row_params)
+        cur.execute(prefix + _EXEC_INSERT, row_params)
     if cur.rowcount != 1:
         return False
     if ev.children:
@@ -190,11 +217,10 @@ def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
                       ev.external_id, ev.user_id, json.dumps(ev.payload))
         if ev.external_id is not None:
             parts.append(cur.mogrify(_LOCK, (ev.account_id, ev.platform, ev.external_id)))
-            parts.append(cur.mogrify(_INSERT_UNLESS_SEEN, (
-                *row_params, ev.account_id, ev.external_id, ev.platform,
-                ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW)))
+            parts.append(cur.mogrify(_EXEC_INSERT_UNLESS_SEEN, (
+                *row_params, ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW)))
         else:
-            parts.append(cur.mogrify(_INSERT, row_params))
+            parts.append(cur.mogrify(_EXEC_INSERT, row_params))
         previous = savepoint
     parts.append(cur.mogrify(_IDS_PRESENT, window))
     cur.execute(b"; ".join(parts))
