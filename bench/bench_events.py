@@ -109,7 +109,7 @@ def _replay_with_live(rig: Any, replay: int, accounts: int, *, already: int,
         dl.park(account, entries)
     total = per * accounts
     # Live latency with nothing else running, then during the replay.
-    idle = _timed_live(rig, live_every, "idle", lambda: time.sleep(3.0))
+    idle = _timed_live(rig, live_every, "idle", lambda: time.sleep(6.0))
     worker = rig.worker("bench", lease_ttl_secs=60, batch_size=100, pass_budget_secs=3600)
     reports: list[Any] = []
     took: list[float] = []

@@ -117,7 +117,7 @@ MAX_TX_ENTRIES = 50
 # The most entries whose statements go in one round trip (one multi-statement
 # query, a savepoint each): long enough to make the round trip small beside
 # the work, short enough that the rare failing group costs little to redo.
-_GROUP = 16
+_GROUP = 8
 
 # A decoded parked entry: its raw bytes, its event, and its record writer (None: an event).
 _Ready = tuple[bytes, PlatformEvent, RecordWriter | None]
