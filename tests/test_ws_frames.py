@@ -208,7 +208,7 @@ class _Server:
                 if not data:
                     return
                 self.received += data
-                if _client_frames(bytes(self.received)):
+                if any(op == PONG for op, _ in _client_frames(bytes(self.received))):
                     self.got_pong.set()
 
     def close(self) -> None:
@@ -240,6 +240,23 @@ def test_a_ping_between_fragments_is_answered_and_the_message_arrives_whole() ->
         assert (info.value.code, info.value.reason) == (4000, "bye")
         assert server.got_pong.wait(5)
         assert _client_frames(bytes(server.received))[0] == (PONG, b"are you there")
+    finally:
+        conn.abort()
+        server.close()
+
+
+def test_a_send_between_reads_does_not_stretch_the_read_timeout() -> None:
+    """send_text sets the socket's timeout to at least 1 s; the next recv must still end
+    at its own, shorter deadline."""
+    server = _Server(frame(TEXT, b"hi"))
+    conn = WsConnection(f"ws://127.0.0.1:{server.port}/", connect_timeout=10)
+    try:
+        conn.open()
+        assert conn.recv(5) == b"hi"
+        conn.send_text("ping")  # the socket's timeout is now 10 s
+        started = time.monotonic()
+        assert conn.recv(0.6) is None
+        assert time.monotonic() - started < 3.0
     finally:
         conn.abort()
         server.close()

@@ -59,6 +59,10 @@ class _FrameReader:
         self._parts: list[bytes] = []
         self._size = 0
 
+    def timeout_changed(self) -> None:
+        """Someone else set the socket's timeout (a send): set ours again before reading."""
+        self._timeout = None
+
     def message(self, deadline: float) -> tuple[int, bytes] | None:
         """The next control frame or whole data message, or None at `deadline`.
 
@@ -260,6 +264,9 @@ class WsConnection:
             ws.send(text)
         except (OSError, AttributeError, websocket.WebSocketException) as exc:
             raise WsClosed(None, f"send failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            if self._reader is not None:
+                self._reader.timeout_changed()
 
     def close(self) -> None:
         """Close politely (a close frame, no wait for the answer), then drop the socket."""
