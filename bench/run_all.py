@@ -112,10 +112,13 @@ def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
     rows = [
         ("(a) chat: WebSocket frames -> committed rows", f"{med['end_to_end']:,.0f} msg/s"),
         ("    raw: json.loads of the same frames", f"{med['json_parse']:,.0f} msg/s"),
+        ("    parse + extract the row's fields, one thread", f"{med['parse_extract']:,.0f} msg/s"),
+        ("    the stand-in's own send rate", f"{med['standin_send']:,.0f} msg/s"),
         ("    raw: Redis RPUSH, pipelined batches of 200", f"{med['redis_pipeline']:,.0f} msg/s"),
         ("    raw: one COPY into chat_messages", f"{med['copy']:,.0f} msg/s"),
         ("    naive: one INSERT per message, autocommit", f"{med['naive_insert']:,.0f} msg/s"),
         ("    end to end / COPY", f"{a['ratio_end_to_end_to_copy']:.2f}"),
+        ("    end to end / parse + extract", f"{a['ratio_end_to_end_to_parse_extract']:.2f}"),
     ]
     normal, stopped, holed = b["persist_normal"], b["park_db_stopped"], b["park_blackholed"]
     rows += [

@@ -26,6 +26,7 @@ from events_support import (
     quarantined,
     stored_ids,
 )
+from lumio_ingestd import rediskeys
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.retry import MAX_TX_ENTRIES
@@ -176,3 +177,16 @@ def test_several_events_in_one_round_trip_tell_new_from_already_stored(rig: Rig)
         conn.close()
     assert sorted(stored_ids(rig.pg_url)) == sorted(str(e.id) for e in (stored, first, fresh))
     assert json.loads(make_event().to_entry())  # entries are still what they were
+
+
+def test_settling_trims_the_head_of_the_in_flight_list_or_removes_each_entry(rig: Rig) -> None:
+    key = rediskeys.events_inflight(ACCOUNT, "r")
+    entries = [make_event(account=ACCOUNT, n=i).to_entry() for i in range(6)]
+    rig.redis.rpush(key, *entries)
+    dl = DeadLetters(rig.redis)
+    dl.settle_many(ACCOUNT, "r", entries[:3])  # the head, in order: trimmed
+    assert inflight(rig.redis, ACCOUNT, "r") == entries[3:]
+    dl.settle_many(ACCOUNT, "r", [entries[4], entries[3]])  # not the head in order: one by one
+    assert inflight(rig.redis, ACCOUNT, "r") == [entries[5]]
+    dl.settle_many(ACCOUNT, "r", [entries[5], b"never claimed"])  # longer than the list
+    assert inflight(rig.redis, ACCOUNT, "r") == []
