@@ -1,6 +1,6 @@
 """Benchmark of event durability: inline persist latency, time to park, replay throughput.
 
-    .venv/bin/python bench/bench_events.py [--events 2000] [--replay 5000]
+    .venv/bin/python bench/bench_events.py [--events 2000] [--replay 100000] [--accounts 1000]
 
 Starts its own private PostgreSQL (fsync and synchronous_commit on, as in
 production) and Redis through tests/harness, and measures:
@@ -10,7 +10,10 @@ production) and Redis through tests/harness, and measures:
   path), some with gift recipients;
 - time to park with the database stopped (connection refused) and black-holed
   (a fault proxy that answers nothing: the insert bound of 3 s decides);
-- replay throughput of the retry worker (events per second of one pass).
+- replay throughput of the retry worker (events per second of one pass) on
+  `--replay` parked events spread over `--accounts` accounts, with a live
+  `persist_event` every 5 ms on the same pool beside it: its p50/p99 idle
+  and during the replay.
 
 Prints a table and writes bench/results/bench_events.json. Not a test: no
 thresholds here.
@@ -25,6 +28,7 @@ import platform
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,7 +69,79 @@ def _mixed(n: int, account: int, tag: str) -> list[PlatformEvent]:
                        children=3 if i % 10 == 0 else 0) for i in range(n)]
 
 
-def run(events: int = 2000, down: int = 200, blackhole: int = 3, replay: int = 5000) -> dict[str, Any]:
+def _live(rig: Any, stop: threading.Event, every: float, tag: str) -> list[float]:
+    """persist_event of a fresh event every `every` seconds until `stop`; each one's latency."""
+    times: list[float] = []
+    n = 0
+    while not stop.wait(every):
+        ev = make_event(account=999_999, n=n, external_id=f"{tag}-{n}" if n % 2 else None)
+        n += 1
+        started = time.perf_counter()
+        outcome = rig.ingest.persist_event(ev).outcome
+        times.append(time.perf_counter() - started)
+        if outcome != "stored":
+            raise SystemExit(f"live persist_event: {outcome!r}")
+    return times
+
+
+def _timed_live(rig: Any, every: float, tag: str, work: Callable[[], None]) -> list[float]:
+    stop = threading.Event()
+    out: list[list[float]] = []
+    thread = threading.Thread(target=lambda: out.append(_live(rig, stop, every, tag)),
+                              name="bench-live")
+    thread.start()
+    try:
+        work()
+    finally:
+        stop.set()
+        thread.join()
+    return out[0] if out else []
+
+
+def _replay_with_live(rig: Any, replay: int, accounts: int, *, already: int,
+                      live_every: float = 0.005) -> dict[str, Any]:
+    per = max(1, replay // accounts)
+    dl = DeadLetters(rig.redis)
+    backlog: dict[int, list[bytes]] = {}
+    for account in range(1000, 1000 + accounts):
+        backlog[account] = [ev.to_entry() for ev in _mixed(per, account, f"r{account}")]
+    for account, entries in backlog.items():
+        dl.park(account, entries)
+    total = per * accounts
+    # Live latency with nothing else running, then during the replay.
+    idle = _timed_live(rig, live_every, "idle", lambda: time.sleep(6.0))
+    worker = rig.worker("bench", lease_ttl_secs=60, batch_size=100, pass_budget_secs=3600)
+    reports: list[Any] = []
+    took: list[float] = []
+
+    def replay_all() -> None:
+        started = time.perf_counter()
+        reports.append(worker.run_pass())
+        took.append(time.perf_counter() - started)
+
+    during = _timed_live(rig, live_every, "during", replay_all)
+    report = reports[0]
+    if report.stored != total + already or report.stopped:
+        raise SystemExit(f"replay incomplete: {report} (wanted {total + already})")
+    out: dict[str, Any] = {
+        "replay": {"events": report.stored, "accounts": accounts, "seconds": took[0],
+                   "events_per_sec": report.stored / took[0]},
+        "live_idle": _stats(idle), "live_during_replay": _stats(during),
+    }
+    out["live_p99_ratio"] = out["live_during_replay"]["p99_ms"] / out["live_idle"]["p99_ms"]
+    # The same backlog again: every entry already stored (dedup path only).
+    for account, entries in backlog.items():
+        dl.park(account, entries)
+    started = time.perf_counter()
+    report = worker.run_pass()
+    seconds = time.perf_counter() - started
+    out["replay_already_stored"] = {"events": report.recovered, "seconds": seconds,
+                                    "events_per_sec": report.recovered / seconds}
+    return out
+
+
+def run(events: int = 2000, down: int = 200, blackhole: int = 3, replay: int = 100_000,
+        accounts: int = 1000) -> dict[str, Any]:
     """Every measure; `events` inline inserts, `down` and `blackhole` parks, `replay` replayed."""
     quiet = logging.getLogger("lumio_ingestd")
     level = quiet.level
@@ -114,29 +190,9 @@ def run(events: int = 2000, down: int = 200, blackhole: int = 3, replay: int = 5
             results["park_db_stopped"] = _stats(times)
             pg.start()
 
-            # 4. replay throughput: a backlog across 10 accounts
-            backlog = [ev for account in range(10, 20)
-                       for ev in _mixed(replay // 10, account, f"r{account}")]
-            dl = DeadLetters(rig.redis)
-            for account in range(10, 20):
-                dl.park(account, [ev.to_entry() for ev in backlog if ev.account_id == account])
-            worker = rig.worker("bench", lease_ttl_secs=60, batch_size=100, pass_budget_secs=3600)
-            already = blackhole + down  # parked above, replayed in the same pass
-            started = time.perf_counter()
-            report = worker.run_pass()
-            took = time.perf_counter() - started
-            if report.stored != len(backlog) + already or report.stopped:
-                raise SystemExit(f"replay incomplete: {report}")
-            results["replay"] = {"events": report.stored, "seconds": took,
-                                 "events_per_sec": report.stored / took}
-            # The same backlog again: every entry already stored (dedup path only).
-            for account in range(10, 20):
-                dl.park(account, [ev.to_entry() for ev in backlog if ev.account_id == account])
-            started = time.perf_counter()
-            report = worker.run_pass()
-            took = time.perf_counter() - started
-            results["replay_already_stored"] = {"events": report.recovered, "seconds": took,
-                                                "events_per_sec": report.recovered / took}
+            # 4. replay throughput: a backlog across `accounts` accounts, with a live
+            # persist_event every `live_every` seconds beside it (the same pool).
+            results.update(_replay_with_live(rig, replay, accounts, already=blackhole + down))
             rig.close()
         finally:
             proxy.close()
@@ -153,19 +209,21 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=2000, help="inline inserts to time")
     parser.add_argument("--down", type=int, default=200, help="parks to time with the database stopped")
     parser.add_argument("--blackhole", type=int, default=3, help="parks to time with it black-holed")
-    parser.add_argument("--replay", type=int, default=5000, help="parked events to replay")
+    parser.add_argument("--replay", type=int, default=100_000, help="parked events to replay")
+    parser.add_argument("--accounts", type=int, default=1000, help="accounts they are spread over")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    results = run(args.events, args.down, args.blackhole, args.replay)
+    results = run(args.events, args.down, args.blackhole, args.replay, args.accounts)
 
     print(f"{'measure':<34}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     for key in ("persist_normal", "persist_normal_external_id", "persist_normal_no_external_id",
-                "park_db_stopped", "park_blackholed"):
+                "park_db_stopped", "park_blackholed", "live_idle", "live_during_replay"):
         s = results[key]
         print(f"{key:<34}{s['n']:>7}{s['p50_ms']:>10.2f}{s['p99_ms']:>10.2f}{s['max_ms']:>10.2f}")
     for key in ("replay", "replay_already_stored"):
         r = results[key]
         print(f"{key:<34}{r['events']:>7} events in {r['seconds']:.2f}s = {r['events_per_sec']:.0f}/s")
+    print(f"{'live p99 during replay / idle':<34}{results['live_p99_ratio']:>7.2f}")
     out = ROOT / "bench" / "results" / "bench_events.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

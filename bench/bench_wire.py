@@ -83,6 +83,14 @@ def json_parse_rate(frames: list[str]) -> float:
     return len(frames) / (time.perf_counter() - started)
 
 
+def parse_extract_rate(frames: list[str]) -> float:
+    """One thread: each frame parsed, mapped and sanitized into its row (`interpret`)."""
+    started = time.perf_counter()
+    for frame in frames:
+        interpret(1, frame)
+    return len(frames) / (time.perf_counter() - started)
+
+
 def redis_pipeline_rate(rds: RedisServer, msgs: list[ChatMessage]) -> float:
     entries = [m.to_entry() for m in msgs]
     client = rds.client(socket_timeout=30)
@@ -176,6 +184,7 @@ def run(messages: int = 50_000, runs: int = 3, naive: int = 5_000) -> dict[str, 
                         "end_to_end": messages / elapsed,
                         "standin_send": sent["sent"] / sent["seconds"],
                         "json_parse": json_parse_rate(frames),
+                        "parse_extract": parse_extract_rate(frames),
                         "redis_pipeline": redis_pipeline_rate(rds, msgs),
                         "copy": raw_copy(pg, msgs),
                         "naive_insert": naive_insert_rate(pg, msgs[:naive]),
@@ -196,13 +205,15 @@ def run(messages: int = 50_000, runs: int = 3, naive: int = 5_000) -> dict[str, 
     median = {key: statistics.median(r[key] for r in per_run) for key in per_run[0]}
     return {"messages_per_run": messages, "runs": runs, "naive_messages": min(naive, messages),
             "redis_batch": REDIS_BATCH, "flush_interval_secs": FLUSH_INTERVAL, "per_run": per_run,
-            "median": median, "ratio_end_to_end_to_copy": median["end_to_end"] / median["copy"]}
+            "median": median, "ratio_end_to_end_to_copy": median["end_to_end"] / median["copy"],
+            "ratio_end_to_end_to_parse_extract": median["end_to_end"] / median["parse_extract"]}
 
 
 ROWS = (
     ("end_to_end", "WebSocket frames -> committed rows (TwitchSource, Redis, flusher)"),
     ("standin_send", "the stand-in's own send rate (its process)"),
     ("json_parse", "json.loads of the same frames"),
+    ("parse_extract", "parse + extract the row's fields of the same frames, one thread"),
     ("redis_pipeline", f"RPUSH of their entries, pipelined batches of {REDIS_BATCH}"),
     ("copy", "one COPY of their rows into chat_messages"),
     ("naive_insert", "naive: one INSERT per message, autocommit"),
@@ -220,6 +231,8 @@ def main() -> int:
     for key, label in ROWS:
         print(f"{label:<68}{result['median'][key]:>12,.0f}")
     print(f"{'ratio end to end / COPY':<68}{result['ratio_end_to_end_to_copy']:>12.2f}")
+    print(f"{'ratio end to end / parse + extract':<68}"
+          f"{result['ratio_end_to_end_to_parse_extract']:>12.2f}")
     out = ROOT / "bench" / "results" / "bench_wire.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -21,6 +21,7 @@ own AOF policy; RELIABILITY.md takeaway 10).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import cast
 
@@ -62,6 +63,24 @@ end
 return #items
 """
 
+# KEYS[1] in-flight list; ARGV[1..n] the SHA-1 of the n entries expected at its
+# head, in order. Trims them off when they are exactly those (returns 1), else
+# touches nothing (returns 0).
+_SETTLE_HEAD = """
+local n = #ARGV
+local items = redis.call('LRANGE', KEYS[1], 0, n - 1)
+if #items ~= n then
+    return 0
+end
+for i = 1, n do
+    if redis.sha1hex(items[i]) ~= ARGV[i] then
+        return 0
+    end
+end
+redis.call('LTRIM', KEYS[1], n, -1)
+return 1
+"""
+
 # How many entries one claim takes; bounds Lua's unpack() and what a put-back moves.
 MAX_CLAIM = 500
 
@@ -74,6 +93,7 @@ class DeadLetters:
         self.ttl_ms = max(1, int(ttl_secs * 1000))
         self._claim = client.register_script(_CLAIM)
         self._put_back = client.register_script(_PUT_BACK)
+        self._settle_head = client.register_script(_SETTLE_HEAD)
 
     def park(self, account_id: int, entries: Sequence[bytes]) -> None:
         """Append entries to the account's dead-letter list and refresh its TTL, atomically."""
@@ -106,6 +126,23 @@ class DeadLetters:
         """Drop one entry from our in-flight list: the database has it."""
         # redis-py's annotations say str; bytes go to the server unchanged.
         self._client.lrem(rediskeys.events_inflight(account_id, instance), 1, cast(str, raw))
+
+    def settle_many(self, account_id: int, instance: str, raws: Sequence[bytes]) -> None:
+        """`settle` for several entries in one round trip.
+
+        The replay settles entries in the order it claimed them, so they are
+        normally the head of the in-flight list: one script compares them (by
+        SHA-1) and trims them off. Otherwise a pipeline of LREMs (not a MULTI:
+        each stands alone, and one left undone is only replayed as recovered).
+        """
+        key = rediskeys.events_inflight(account_id, instance)
+        digests = [hashlib.sha1(raw).hexdigest() for raw in raws]  # noqa: S324 - an equality check
+        if raws and self._settle_head(keys=[key], args=digests) == 1:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for raw in raws:
+            pipe.lrem(key, 1, cast(str, raw))
+        pipe.execute()
 
     def quarantine(self, account_id: int, instance: str, raw: bytes, reason: str,
                    sqlstate: str | None) -> None:

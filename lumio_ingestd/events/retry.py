@@ -14,11 +14,15 @@ Every `[events] retry_interval_secs` each replica refreshes its heartbeat
    their lengths is the `events_dead_letter_depth` gauge (non-holders measure
    it too, so every replica exports it).
 3. Per account (ascending id), at most the entries it held at the scan: claim
-   a batch into our in-flight list (one Lua script), then per entry insert it
-   with its ORIGINAL id and created_at under a deadline of
-   `insert_timeout_secs`, and only after the commit remove it from the
-   in-flight list. "Already stored" counts `recovered`; a new row counts
-   `events_persisted{path="replay"}`.
+   a batch into our in-flight list (one Lua script), then insert its entries
+   with their ORIGINAL id and created_at, several per transaction with a
+   SAVEPOINT around each (one WAL flush for up to `MAX_TX_ENTRIES` events;
+   a failing entry is rolled back alone), each transaction under a deadline
+   of `insert_timeout_secs`, and only after the commit remove them from the
+   in-flight list (one pipeline). "Already stored" counts `recovered`; a new
+   row counts `events_persisted{path="replay"}`. The first three
+   transactions of a pass hold one entry each, then the size doubles up to
+   the cap; any failure starts the ramp again.
 
 At the first transient error the claimed remainder goes back to the head of
 the list in its order and the WHOLE pass ends: the other accounts wait for
@@ -62,6 +66,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -82,7 +87,7 @@ from ..worker import STOP_GRACE_SECS, IntervalWorker
 from . import store
 from .deadletter import DEADLETTER_TTL_SECS, DeadLetters
 from .held import HeldGifts
-from .records import RecordWriters, record_kind
+from .records import RecordWriter, RecordWriters, record_kind
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,27 @@ _HEALTH_CODES = frozenset({"55P03", "55006", "25006", "25P03"})
 
 _DEADLETTER_PATTERN = "lumio:events:deadletter:{*}"
 _INFLIGHT_PATTERN = "lumio:events:inflight:{*}:*"
+
+# The prefix of a replay transaction's savepoints, one per entry (numbered:
+# the RELEASE of one rides with the next entry's first statement, and a
+# ROLLBACK TO a savepoint that was never taken must fail rather than reach an
+# earlier one).
+_SAVEPOINT = "lumio_replay"
+
+# The most entries one replay transaction stores. Each entry's savepoint is a
+# subtransaction with an xid of its own; PostgreSQL caches 64 of them per
+# backend, beyond which every other session's snapshots fall back to
+# pg_subtrans lookups (subxid overflow). 50 stays under that and already
+# spreads one commit (one WAL flush) over 50 events.
+MAX_TX_ENTRIES = 50
+
+# The most entries whose statements go in one round trip (one multi-statement
+# query, a savepoint each): long enough to make the round trip small beside
+# the work, short enough that the rare failing group costs little to redo.
+_GROUP = 8
+
+# A decoded parked entry: its raw bytes, its event, and its record writer (None: an event).
+_Ready = tuple[bytes, PlatformEvent, RecordWriter | None]
 
 # Bound on the in-memory strike table (entry id -> consecutive failures).
 _MAX_STRIKES = 10_000
@@ -133,7 +159,8 @@ class EventRetryWorker(IntervalWorker):
                  heartbeat_ttl_secs: float | None = None, batch_size: int = 100,
                  stuck_after: int = 5, entry_ttl_secs: float = DEADLETTER_TTL_SECS,
                  pass_budget_secs: float = 20.0, failpoint: Failpoint | None = None,
-                 name: str = "event-retry", records: RecordWriters | None = None) -> None:
+                 name: str = "event-retry", records: RecordWriters | None = None,
+                 tx_entries: int = MAX_TX_ENTRIES) -> None:
         interval = cfg.events.retry_interval_secs
         super().__init__(name, metrics, interval)
         self.instance = instance if instance is not None else cfg.daemon.instance_id
@@ -155,6 +182,10 @@ class EventRetryWorker(IntervalWorker):
         self._failpoint = failpoint or _no_failpoint
         self._records = records if records is not None else RecordWriters()
         self._strikes: dict[str, tuple[str | None, int]] = {}
+        self._tx_max = max(1, min(tx_entries, MAX_TX_ENTRIES))
+        self._tx_commits = 0  # transactions committed in a row this pass (the ramp)
+        self._replayed = metrics.events_persisted.labels("replay")
+        self._recovered = metrics.events_persist_failures.labels("recovered")
         # A pass ends after this long and the next turn continues at once, so
         # a large backlog never looks like a hung worker to the watchdog (a
         # turn may overrun the budget by one insert and its Redis steps).
@@ -192,6 +223,7 @@ class EventRetryWorker(IntervalWorker):
         """One cycle: heartbeat, lease, recovery, scan, replay (if leader)."""
         report = PassReport()
         self._more = False
+        self._tx_commits = 0
         self._pass_deadline = time.monotonic() + self._pass_budget
         self._heartbeat()
         if not self.lease.acquire():
@@ -295,55 +327,205 @@ class EventRetryWorker(IntervalWorker):
             left -= len(batch)
             self._failpoint("events.retry.claimed")
             try:
-                for raw in batch:
-                    self._check_going(report)
-                    self._replay_one(account, raw, report)
+                self._replay_batch(account, batch, report)
             except _Stop:
+                self._tx_commits = 0
                 self._dl.put_back(account, self.instance)
                 raise
 
-    def _replay_one(self, account: int, raw: bytes, report: PassReport) -> None:
+    def _replay_batch(self, account: int, batch: list[bytes], report: PassReport) -> None:
+        """Store one claimed batch, in its order, in as few transactions as the ramp allows."""
+        pending = deque(batch)
+        ready: deque[_Ready] = deque()
+        while pending or ready:
+            self._check_going(report)
+            self._fill(account, pending, ready, 1, report)
+            if ready:
+                self._replay_transaction(account, pending, ready, self._tx_size(), report)
+
+    def _fill(self, account: int, pending: deque[bytes], ready: deque[_Ready], want: int,
+              report: PassReport) -> None:
+        """Decode entries from `pending` until `ready` holds `want` (or none are left).
+
+        A little at a time, just before they are stored: a long burst of
+        decoding would hold the interpreter lock away from the live paths.
+        """
+        while pending and len(ready) < want:
+            item = self._decode(account, pending.popleft(), report)
+            if item is not None:
+                ready.append(item)
+
+    def _tx_size(self) -> int:
+        # The first entries of a pass are committed one at a time: a pass that
+        # meets a sick database fails on one entry, not on a batch, and each
+        # settles as soon as it is stored. Then the size doubles up to the cap.
+        commits = self._tx_commits
+        return 1 if commits < 3 else min(self._tx_max, 1 << min(commits - 2, 16))
+
+    def _decode(self, account: int, raw: bytes, report: PassReport) -> _Ready | None:
+        """The event of a parked entry and its writer; None when it went to the quarantine."""
         try:
             ev = PlatformEvent.from_entry(raw)
         except EntryError as exc:
             log.error("parked event entry of account %d cannot be decoded (%s); quarantined",
                       account, exc)
             self._quarantine(account, raw, "undecodable", None, report)
-            return
+            return None
         if datetime.now(UTC) - ev.created_at > self._entry_ttl:
             log.error("parked event %s (account %d, %s) is older than the %s dead-letter TTL; "
                       "quarantined as expired, counted lost", ev.id, account, ev.type,
                       self._entry_ttl)
             self._quarantine(account, raw, "expired", None, report)
             self.metrics.events_persist_failures.labels("lost").inc()
-            return
+            return None
         kind = record_kind(raw)
         writer = self._records.get(kind) if kind is not None else None
         if kind is not None and writer is None:
             log.error("parked entry %s of account %d is a record of kind %r that this build "
                       "cannot store; quarantined", ev.id, account, kind[:40])
             self._quarantine(account, raw, "undecodable", None, report)
-            return
+            return None
+        return raw, ev, writer
+
+    def _replay_transaction(self, account: int, pending: deque[bytes], ready: deque[_Ready],
+                            size: int, report: PassReport) -> None:
+        """Insert up to `size` entries from the head of `ready` in one transaction.
+
+        Each entry runs inside its own SAVEPOINT: "already stored" (a unique
+        violation) is rolled back alone and counts recovered; any other failure
+        is rolled back alone, the entries before it are committed and settled,
+        and then it is judged by `_failed` exactly as a lone insert would be
+        (quarantined, or the pass stops). When the transaction as a whole fails
+        (its connection, its commit), nothing of it is settled: a transaction of
+        several entries is retried one entry per transaction, so the failing
+        entry is judged alone; a lone entry is judged at once.
+        """
+        started = time.monotonic()
+        done: list[tuple[_Ready, bool]] = []
+        failure: tuple[_Ready, Exception] | None = None
+        soft_limit = started + self._insert_timeout / 3
+        release: str | None = None  # the previous entry's savepoint, released with the next one
+        taken = 0  # savepoints taken in this transaction: names never repeat
+        singles = 0  # entries to store one per round trip (after a group failed)
+        grouped = False  # a group's rollback failed: the transaction is lost
         try:
-            with self._pool.transaction(deadline=time.monotonic() + self._insert_timeout) as cur:
-                new = writer(cur, ev) if writer is not None else store.insert_event(cur, ev)
+            with self._pool.transaction(deadline=started + self._insert_timeout) as cur:
+                store.prepare_replay(cur)
+                while len(done) < size:
+                    # Later entries of a transaction get what is left of its one
+                    # deadline; stop adding well before it (the first always runs).
+                    if done and (time.monotonic() > soft_limit or self.stop_event.is_set()
+                                 or time.monotonic() >= self._pass_deadline):
+                        break
+                    self._fill(account, pending, ready, min(_GROUP, size - len(done)), report)
+                    if not ready:
+                        break
+                    group = [] if singles else self._group(ready, size - len(done))
+                    if len(group) > 1:
+                        names = [f"{_SAVEPOINT}_{taken + i}" for i in range(len(group))]
+                        taken += len(group)
+                        try:
+                            news = store.insert_events_in_savepoints(
+                                cur, [ev for _, ev, _ in group], names, release)
+                        except Exception:  # noqa: BLE001 - each is retried alone below
+                            grouped = True
+                            cur.execute(f"ROLLBACK TO SAVEPOINT {names[0]}")
+                            grouped = False
+                            release, singles = names[0], len(group)
+                            continue
+                        for new in news:
+                            done.append((ready.popleft(), new))
+                        release = names[-1]
+                        continue
+                    singles = max(0, singles - 1)
+                    raw, ev, writer = ready[0]
+                    savepoint = f"{_SAVEPOINT}_{taken}"
+                    taken += 1
+                    try:
+                        if writer is None:
+                            new = store.insert_event_in_savepoint(cur, ev, savepoint, release)
+                        else:
+                            cur.execute((f"RELEASE SAVEPOINT {release}; " if release else "")
+                                        + f"SAVEPOINT {savepoint}")
+                            new = writer(cur, ev)
+                    except Exception as exc:  # noqa: BLE001 - classify() judges it below
+                        # Fails in turn when the savepoint was never taken: then
+                        # the whole transaction is lost (the outer handler).
+                        cur.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+                        if not store.already_stored(exc):
+                            failure = (ready.popleft(), exc)
+                            break
+                        new = False
+                    release = savepoint
+                    done.append((ready.popleft(), new))
         except Exception as exc:  # noqa: BLE001 - classify() judges every failure
-            if not store.already_stored(exc):
-                self._failed(account, raw, ev, exc, classify(exc), report)
+            # Nothing of this transaction is committed: everything goes back in order.
+            if failure is not None:
+                ready.appendleft(failure[0])
+            ready.extendleft(reversed([item for item, _ in done]))
+            self._tx_commits = 0
+            if len(done) + (failure is not None) > 1 or grouped:
+                log.info("event replay: a transaction of %d entries failed (%s); retrying them "
+                         "one per transaction", len(done) + (failure is not None),
+                         type(exc).__name__)
                 return
-            new = False
-        self._failpoint("events.retry.inserted")
-        self._dl.settle(account, self.instance, raw)
-        self._strikes.pop(str(ev.id), None)
-        if new:
-            report.stored += 1
-            if writer is None:  # a record's writer counts its own kind
-                self.metrics.events_persisted.labels("replay").inc()
-        else:
-            report.recovered += 1
-            if writer is None:
-                self.metrics.events_persist_failures.labels("recovered").inc()
-        self._failpoint("events.retry.deleted")
+            raw, ev, _ = ready[0]
+            self._failed(account, raw, ev, exc, classify(exc), report)
+            ready.popleft()  # quarantined (else _failed raised _Stop)
+            return
+        self._settle(account, done, report)
+        if failure is not None:
+            (raw, ev, _), error = failure
+            # An entry's own failure says nothing about the database: the
+            # ramp goes on (a transient one raises _Stop, which resets it).
+            self._failed(account, raw, ev, error, classify(error), report)
+            return
+        self._tx_commits += 1
+
+    @staticmethod
+    def _group(ready: deque[_Ready], room: int) -> list[_Ready]:
+        """The entries at the head of `ready` that can go in one round trip.
+
+        Plain events without children, at most `_GROUP` and `room`, none with
+        the (platform, external id) of an earlier one in the group: the probe
+        of the second would not see the first's row, written by the same query.
+        """
+        group: list[_Ready] = []
+        seen: set[tuple[str, str]] = set()
+        for item in ready:
+            _, ev, writer = item
+            if len(group) >= min(room, _GROUP) or writer is not None or ev.children:
+                break
+            if ev.external_id is not None:
+                key = (ev.platform, ev.external_id)
+                if key in seen:
+                    break
+                seen.add(key)
+            group.append(item)
+        return group
+
+    def _settle(self, account: int, done: list[tuple[_Ready, bool]], report: PassReport) -> None:
+        """After the commit: drop the entries from our in-flight list, count them."""
+        if not done:
+            return
+        for _ in done:
+            self._failpoint("events.retry.inserted")
+        self._dl.settle_many(account, self.instance, [raw for (raw, _, _), _ in done])
+        stored = recovered = 0
+        for (_, ev, writer), new in done:
+            self._strikes.pop(str(ev.id), None)
+            if new:
+                stored += 1
+                if writer is None:  # a record's writer counts its own kind
+                    self._replayed.inc()
+            else:
+                recovered += 1
+                if writer is None:
+                    self._recovered.inc()
+        report.stored += stored
+        report.recovered += recovered
+        for _ in done:
+            self._failpoint("events.retry.deleted")
 
     def _failed(self, account: int, raw: bytes, ev: PlatformEvent, exc: Exception,
                 why: Classified, report: PassReport) -> None:

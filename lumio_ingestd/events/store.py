@@ -28,6 +28,7 @@ commits it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import timedelta
 
 import psycopg2.extensions
@@ -65,6 +66,35 @@ INSERT INTO events (id, created_at, account_id, platform, type, external_id, use
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (id, created_at) DO NOTHING
 """
+
+# The replay's statements, prepared once per connection (`prepare_replay`),
+# so a replay of many events parses them once instead of per event:
+# `_INSERT`, and `_EXISTS` and `_INSERT` as one statement. The probe is the
+# same and still runs after the lock statement, on the snapshot the INSERT
+# takes when it starts (READ COMMITTED).
+_PREPARED = {
+    "lumio_replay_insert": """
+PREPARE lumio_replay_insert (uuid, timestamptz, bigint, text, text, text, text, jsonb) AS
+INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (id, created_at) DO NOTHING""",
+    "lumio_replay_insert_unless_seen": """
+PREPARE lumio_replay_insert_unless_seen
+    (uuid, timestamptz, bigint, text, text, text, text, jsonb, timestamptz, timestamptz) AS
+INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8
+WHERE NOT EXISTS (
+    SELECT 1 FROM events
+    WHERE account_id = $3 AND external_id = $6 AND platform = $4
+      AND created_at BETWEEN $9 AND $10
+)
+ON CONFLICT (id, created_at) DO NOTHING""",
+}
+_EXEC_INSERT = "EXECUTE lumio_replay_insert (%s, %s, %s, %s, %s, %s, %s, %s)"
+_EXEC_INSERT_UNLESS_SEEN = ("EXECUTE lumio_replay_insert_unless_seen "
+                            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+
+_IDS_PRESENT = "SELECT id FROM events WHERE created_at BETWEEN %s AND %s AND id = ANY(%s)"
 
 _INSERT_CHILDREN = """
 INSERT INTO event_children
@@ -104,6 +134,98 @@ def insert_event(cur: Cursor, ev: PlatformEvent) -> bool:
             for ordinal, child in enumerate(ev.children)
         ])
     return True
+
+
+def prepare_replay(cur: Cursor) -> None:
+    """Prepare the statements of the two functions below on this connection, once.
+
+    Prepared statements outlive transactions (a rollback keeps them) and die
+    with the connection; a connection that has them costs one round trip.
+    """
+    cur.execute("SELECT name FROM pg_prepared_statements WHERE name = ANY(%s)",
+                (list(_PREPARED),))
+    have = {row[0] for row in cur.fetchall()}
+    missing = [sql for name, sql in _PREPARED.items() if name not in have]
+    if missing:
+        cur.execute("; ".join(missing))
+
+
+def insert_event_in_savepoint(cur: Cursor, ev: PlatformEvent, savepoint: str,
+                              release: str | None = None) -> bool:
+    """`insert_event` inside a new SAVEPOINT `savepoint`, in fewer round trips.
+
+    For a transaction that stores many events (the replay of parked ones),
+    after `prepare_replay` on its connection. The same statements in the
+    same order (the INSERTs prepared): the lock is its own statement, and
+    in READ COMMITTED every statement of a multi-statement query takes its
+    own snapshot, so the probe still sees whatever the previous holder of the
+    lock committed. Only the round trips are merged: RELEASE of the previous
+    event's savepoint, this SAVEPOINT, the lock, and the INSERT guarded by the
+    same probe (`lumio_replay_insert_unless_seen`) go in one query; the children, if
+    any, in a second. After a failure
+    the caller rolls back to `savepoint`; if the failure was in the RELEASE or
+    the SAVEPOINT itself, that rollback fails too and the caller must treat
+    the whole transaction as failed.
+    """
+    prefix = (f"RELEASE SAVEPOINT {release}; " if release else "") + f"SAVEPOINT {savepoint}; "
+    row_params = (ev.id, ev.created_at, ev.account_id, ev.platform, ev.type,
+                  ev.external_id, ev.user_id, json.dumps(ev.payload))
+    if ev.external_id is not None:
+        cur.execute(prefix + _LOCK + "; " + _EXEC_INSERT_UNLESS_SEEN,
+                    (ev.account_id, ev.platform, ev.external_id, *row_params,
+                     ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW))
+    else:
+        cur.execute(prefix + _EXEC_INSERT, row_params)
+    if cur.rowcount != 1:
+        return False
+    if ev.children:
+        psycopg2.extras.execute_values(cur, _INSERT_CHILDREN, [
+            (ev.id, ev.created_at, ordinal, child.kind, child.user_id, child.user_login,
+             json.dumps(child.payload))
+            for ordinal, child in enumerate(ev.children)
+        ])
+    return True
+
+
+def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
+                                savepoints: Sequence[str], release: str | None = None) -> list[bool]:
+    """`insert_event_in_savepoint` for several events without children, in two round trips.
+
+    The same statements as one event each, in order, with its own SAVEPOINT
+    (`savepoints[i]` for `events[i]`, each released by the next), sent as one
+    multi-statement query; READ COMMITTED gives each statement its own
+    snapshot, so each probe sees the rows of the events before it. Which rows
+    are new is read around it: a row with the event's id present before is a
+    replay of a stored event; present after and not before, new; absent after,
+    a duplicate by external id. When any statement fails the rest of the query
+    does not run: the caller rolls back to `savepoints[0]` (which fails in turn
+    if that savepoint was never taken) and stores the events one at a time.
+    """
+    if len(events) != len(savepoints) or any(ev.children for ev in events):
+        raise ValueError("insert_events_in_savepoints: one savepoint per event, no children")
+    ids = [ev.id for ev in events]
+    # Bounded in time so the probe stays on the chunks around the events.
+    window = (min(ev.created_at for ev in events), max(ev.created_at for ev in events), ids)
+    cur.execute(_IDS_PRESENT, window)
+    before = {str(row[0]) for row in cur.fetchall()}
+    parts: list[bytes] = []
+    previous = release
+    for ev, savepoint in zip(events, savepoints, strict=True):
+        head = (f"RELEASE SAVEPOINT {previous}; " if previous else "") + f"SAVEPOINT {savepoint}"
+        parts.append(head.encode())
+        row_params = (ev.id, ev.created_at, ev.account_id, ev.platform, ev.type,
+                      ev.external_id, ev.user_id, json.dumps(ev.payload))
+        if ev.external_id is not None:
+            parts.append(cur.mogrify(_LOCK, (ev.account_id, ev.platform, ev.external_id)))
+            parts.append(cur.mogrify(_EXEC_INSERT_UNLESS_SEEN, (
+                *row_params, ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW)))
+        else:
+            parts.append(cur.mogrify(_EXEC_INSERT, row_params))
+        previous = savepoint
+    parts.append(cur.mogrify(_IDS_PRESENT, window))
+    cur.execute(b"; ".join(parts))
+    after = {str(row[0]) for row in cur.fetchall()}
+    return [str(ev.id) in after and str(ev.id) not in before for ev in events]
 
 
 def already_stored(exc: BaseException) -> bool:

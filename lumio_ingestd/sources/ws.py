@@ -1,7 +1,11 @@
 """One WebSocket client connection, shared by every platform's socket source.
 
-Built on websocket-client's blocking API, which starts no thread of its own:
-the source's thread reads, and pings are answered with pongs inside `recv`
+Built on websocket-client's blocking API, which starts no thread of its own,
+for the handshake and for sending; frames are read by a small reader of our
+own (`_FrameReader`): websocket-client reads each frame with two or three
+`recv` calls and its `recv_data` gives no way to read ahead, so under load
+every frame cost several syscalls, each handing the interpreter lock away.
+The source's thread reads, and pings are answered with pongs inside `recv`
 (Twitch closes with 4002 otherwise; pings do not count as traffic for the
 keepalive timer, so `recv` reports only data frames). `send_text` is for
 protocols that talk back (Pusher, Astro, 7TV); EventSub closes the socket
@@ -23,6 +27,153 @@ import time
 import websocket
 
 MAX_MESSAGE_BYTES = 1024 * 1024
+#: A frame (or a fragmented message) declaring this many bytes or more ends the
+#: connection with 1009 instead of being read: no platform sends anything near it.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+_OP_CONT, _OP_TEXT, _OP_BINARY = 0x0, 0x1, 0x2
+_OP_CLOSE, _OP_PING, _OP_PONG = 0x8, 0x9, 0xA
+_READ_SIZE = 256 * 1024
+# A read waits at most this long at a time: the socket's timeout is only
+# changed when a deadline comes closer than it, so a busy connection never
+# pays for `settimeout` (an ioctl) per read.
+_READ_QUANTUM = 0.5
+
+
+class _FrameReader:
+    """Server-to-client WebSocket frames (RFC 6455) from a buffer filled by large reads.
+
+    Owned by the one thread that reads the connection: no lock. Handles
+    fragmented messages, control frames between their fragments, and frames
+    split across reads; refuses reserved bits, bad opcodes and oversized frames
+    (WsClosed with 1002 or 1009).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+        self._pos = 0
+        self._timeout: float | None = None
+        # A fragmented message being assembled: its opcode, its parts and their size.
+        self._opcode: int | None = None
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def timeout_changed(self) -> None:
+        """Someone else set the socket's timeout (a send): set ours again before reading."""
+        self._timeout = None
+
+    def message(self, deadline: float) -> tuple[int, bytes] | None:
+        """The next control frame or whole data message, or None at `deadline`.
+
+        What is already buffered is returned without a read; otherwise at least
+        one read is tried, even past the deadline.
+        """
+        first = True
+        while True:
+            frame = self._frame()
+            if frame is None:
+                left = deadline - time.monotonic()
+                if left <= 0 and not first:
+                    return None
+                first = False
+                self._fill(left)
+                continue
+            fin, opcode, payload = frame
+            if opcode >= _OP_CLOSE:
+                return opcode, payload
+            if opcode == _OP_CONT:
+                if self._opcode is None:
+                    raise WsClosed(1002, "protocol error: continuation frame without a start")
+                self._add(payload)
+                if not fin:
+                    continue
+                opcode, self._opcode = self._opcode, None
+                data = b"".join(self._parts)
+                self._parts, self._size = [], 0
+                return opcode, data
+            if self._opcode is not None:
+                raise WsClosed(1002, "protocol error: a new message inside a fragmented one")
+            if fin:
+                return opcode, payload[:MAX_MESSAGE_BYTES + 1]
+            self._opcode = opcode
+            self._add(payload)
+
+    def _add(self, payload: bytes) -> None:
+        self._size += len(payload)
+        if self._size >= MAX_FRAME_BYTES:
+            raise WsClosed(1009, f"message of {self._size} bytes or more refused")
+        kept = sum(len(p) for p in self._parts)
+        if kept <= MAX_MESSAGE_BYTES:  # keep only what shows it is too large
+            self._parts.append(payload[:MAX_MESSAGE_BYTES + 1 - kept])
+
+    def _frame(self) -> tuple[bool, int, bytes] | None:
+        """One whole frame from the buffer, or None when it is not all there yet."""
+        buf, pos = self._buf, self._pos
+        have = len(buf) - pos
+        if have < 2:
+            return None
+        b0, b1 = buf[pos], buf[pos + 1]
+        if b0 & 0x70:
+            raise WsClosed(1002, "protocol error: reserved bits set (no extension agreed)")
+        opcode = b0 & 0x0F
+        if opcode not in (_OP_CONT, _OP_TEXT, _OP_BINARY, _OP_CLOSE, _OP_PING, _OP_PONG):
+            raise WsClosed(1002, f"protocol error: unknown opcode {opcode:#x}")
+        length = b1 & 0x7F
+        head = 2
+        if length == 126:
+            if have < 4:
+                return None
+            length = int.from_bytes(buf[pos + 2:pos + 4], "big")
+            head = 4
+        elif length == 127:
+            if have < 10:
+                return None
+            length = int.from_bytes(buf[pos + 2:pos + 10], "big")
+            head = 10
+        if opcode >= _OP_CLOSE and (length > 125 or not b0 & 0x80):
+            raise WsClosed(1002, "protocol error: a control frame too long or fragmented")
+        if length >= MAX_FRAME_BYTES:
+            raise WsClosed(1009, f"frame of {length} bytes refused")
+        mask = b""
+        if b1 & 0x80:  # servers must not mask; accepted as websocket-client does
+            if have < head + 4:
+                return None
+            mask = bytes(buf[pos + head:pos + head + 4])
+            head += 4
+        if have < head + length:
+            return None
+        start = pos + head
+        payload = bytes(buf[start:start + length])
+        self._pos = start + length
+        if mask:
+            payload = _unmask(payload, mask)
+        return bool(b0 & 0x80), opcode, payload
+
+    def _fill(self, left: float) -> None:
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        wait = min(max(0.001, left), _READ_QUANTUM)
+        current = self._timeout
+        if current is None or wait < current or (current < _READ_QUANTUM and wait != current):
+            self._sock.settimeout(wait)
+            self._timeout = wait
+        try:
+            data = self._sock.recv(_READ_SIZE)
+        except TimeoutError:
+            return
+        except OSError as exc:
+            raise WsClosed(None, f"{type(exc).__name__}: {exc}") from None
+        if not data:
+            raise WsClosed(None, "connection closed without a close frame")
+        self._buf += data
+
+
+def _unmask(payload: bytes, mask: bytes) -> bytes:
+    n = len(payload)
+    key = int.from_bytes((mask * (n // 4 + 1))[:n], "big")
+    return (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
 
 
 class Binary(bytes):
@@ -44,6 +195,7 @@ class WsConnection:
         self._connect_timeout = connect_timeout
         self._ws: websocket.WebSocket | None = None
         self._sock: socket.socket | None = None
+        self._reader: _FrameReader | None = None
         self._lock = threading.Lock()
         self._aborted = False
         self.last_frame = time.monotonic()  # when the last data frame arrived
@@ -62,44 +214,44 @@ class WsConnection:
                 raise WsClosed(None, "aborted while connecting")
             self._ws = ws
             self._sock = ws.sock
+            # The handshake reads its response line by line, so nothing of the
+            # first frames is left in websocket-client's buffers.
+            self._reader = _FrameReader(ws.sock) if ws.sock is not None else None
         self.last_frame = self.last_seen = time.monotonic()
 
     def recv(self, timeout: float) -> bytes | None:
-        """One data frame's payload, or None when `timeout` passed first (or only control
-        frames came). Raises WsClosed when the connection ends."""
-        ws = self._ws
-        if ws is None:
+        """One data message's payload, or None when `timeout` passed first (or only control
+        frames came). Raises WsClosed when the connection ends.
+
+        Frames are parsed from a buffer that large reads fill (`_FrameReader`):
+        a burst of frames costs one read, not three syscalls each. A message
+        longer than MAX_MESSAGE_BYTES comes back cut to MAX_MESSAGE_BYTES + 1
+        bytes (the caller refuses it as too large; the connection stays); a frame
+        or message of MAX_FRAME_BYTES or more ends the connection (1009).
+        """
+        ws, reader = self._ws, self._reader
+        if ws is None or reader is None:
             raise WsClosed(None, "not connected")
         deadline = time.monotonic() + max(0.0, timeout)
-        first = True  # one attempt even at timeout 0: what is buffered already is read
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 and not first:
+            frame = reader.message(deadline)
+            if frame is None:
                 return None
-            first = False
-            try:
-                ws.settimeout(max(0.001, left))
-                opcode, data = ws.recv_data(control_frame=True)
-            except websocket.WebSocketTimeoutException:
-                return None
-            except websocket.WebSocketConnectionClosedException:
-                raise WsClosed(None, "connection closed without a close frame") from None
-            except websocket.WebSocketPayloadException as exc:
-                raise WsClosed(1007, f"bad payload: {exc}") from None
-            except websocket.WebSocketProtocolException as exc:
-                raise WsClosed(1002, f"protocol error: {exc}") from None
-            except (OSError, AttributeError) as exc:
-                # AttributeError: websocket-client's socket was shut down under it by abort().
-                raise WsClosed(None, f"{type(exc).__name__}: {exc}") from None
+            opcode, data = frame
             self.last_seen = time.monotonic()
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
+            if opcode == _OP_CLOSE:
                 code = struct.unpack("!H", data[:2])[0] if len(data) >= 2 else None
                 raise WsClosed(code, bytes(data[2:]).decode("utf-8", "replace"))
-            if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
-                self.last_frame = time.monotonic()
-                payload = bytes(data[:MAX_MESSAGE_BYTES + 1])  # longer: refused as too large
-                return Binary(payload) if opcode == websocket.ABNF.OPCODE_BINARY else payload
-            # Ping (answered inside recv_data) or pong: not traffic for the keepalive timer.
+            if opcode == _OP_PING:
+                try:
+                    ws.pong(data)
+                except (OSError, AttributeError, websocket.WebSocketException) as exc:
+                    raise WsClosed(None, f"pong failed: {type(exc).__name__}: {exc}") from None
+                continue
+            if opcode == _OP_PONG:
+                continue  # not traffic for the keepalive timer
+            self.last_frame = time.monotonic()
+            return Binary(data) if opcode == _OP_BINARY else data
 
     def send_text(self, text: str) -> None:
         """Send one text frame from the reading thread (bounded by the last `recv` timeout,
@@ -112,6 +264,9 @@ class WsConnection:
             ws.send(text)
         except (OSError, AttributeError, websocket.WebSocketException) as exc:
             raise WsClosed(None, f"send failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            if self._reader is not None:
+                self._reader.timeout_changed()
 
     def close(self) -> None:
         """Close politely (a close frame, no wait for the answer), then drop the socket."""
