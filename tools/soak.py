@@ -18,8 +18,12 @@ printed first, `--seed N` replays the same schedule):
 
 Not here (yet): a black-holed or slow database (needs the fault proxy of the
 tests), a full disk under the spool. The demo's PostgreSQL runs without fsync
-(it is thrown away); the soak turns fsync and synchronous_commit on, or an
-immediate shutdown would lose commits the daemon was told were durable.
+and with synchronous_commit off (it is thrown away); the soak starts it with
+fsync, synchronous_commit and full_page_writes on (`-c` on the command line:
+ALTER SYSTEM cannot override the demo's own `-c ...=off`) and refuses to run
+unless the server reports them on, or an immediate shutdown would lose
+commits the daemon was told were durable (with synchronous_commit off a
+commit is acknowledged before its WAL is written, and SIGQUIT drops it).
 
 At the end the traffic stops, every fault is undone, the run waits (bounded)
 until everything sent is stored, the daemon gets SIGTERM, and the demo's
@@ -64,6 +68,8 @@ from lumio_ingestd.worker import Worker
 FAULTS = ("pg-fast", "pg-immediate", "redis-stop", "redis-oom", "kill", "socket-drop")
 _LISTENING = re.compile(r"listening on http=\S+:\d+ metrics=\S+:(\d+)")
 READY_SECS = 60.0
+#: PostgreSQL as durable as a real one (the demo's runs without fsync).
+DURABLE_PG = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 SETTLE_SECS = 120.0
 
 
@@ -194,14 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(_no_traceback)
 
+    faults = [f for f in args.faults.split(",") if f in FAULTS] or list(FAULTS)
     say(f"soak: seed {seed} (replay with --seed {seed}), {args.duration:g}s, {args.rate:g} chat/s, "
-        f"a fault every ~{args.every:g}s from {', '.join(FAULTS)}")
+        f"a fault every ~{args.every:g}s from {', '.join(faults)}")
     root = Path(tempfile.mkdtemp(prefix="lumio-soak-", dir="/tmp"))
     os.chmod(root, 0o755)  # PostgreSQL runs as another user when we are root
     try:
         with ExitStack() as cleanup:
             cleanup.callback(cleanup_all)
-            return _run(args, rng, seed, root, cleanup, say)
+            return _run(args, faults, rng, seed, root, cleanup, say)
     except DevServerError as exc:
         say(f"soak: cannot start a server: {exc}")
         return exitcodes.UNAVAILABLE
@@ -215,11 +222,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _run(args: argparse.Namespace, rng: random.Random, seed: int, root: Path, cleanup: ExitStack,
-         say: Callable[[str], None]) -> int:
+def _run(args: argparse.Namespace, faults: list[str], rng: random.Random, seed: int, root: Path,
+         cleanup: ExitStack, say: Callable[[str], None]) -> int:
     metrics = Metrics()
-    stack = start_stack(root, cleanup, say)
-    _durable(stack)
+    stack = start_stack(root, cleanup, say, pg_settings=DURABLE_PG)
+    require_durable(stack.pg.url("postgres"))
     daemon = DaemonProcess(stack.config_path, root / "daemon.log", os.environ)
     cleanup.callback(daemon.kill)
     daemon.start()
@@ -238,7 +245,6 @@ def _run(args: argparse.Namespace, rng: random.Random, seed: int, root: Path, cl
     traffic.start()
     cleanup.callback(_stop_worker, traffic)
     soak = Soak(stack, daemon, traffic, observer, listener, rng, say)
-    faults = [f for f in args.faults.split(",") if f in FAULTS] or list(FAULTS)
     started = time.monotonic()
     next_fault = started + rng.expovariate(1.0 / args.every)
     while time.monotonic() - started < args.duration:
@@ -279,18 +285,28 @@ def _no_traceback(record: logging.LogRecord) -> bool:
     return True
 
 
-def _durable(stack: Stack) -> None:
-    """The demo's PostgreSQL runs without fsync (it is thrown away); an immediate
-    shutdown is a crash, so the soak needs the durability a real one has."""
-    conn = psycopg2.connect(stack.pg.url("postgres"), connect_timeout=5)
+def require_durable(url: str) -> None:
+    """Raise DevServerError unless the server at `url` reports every `DURABLE_PG` setting on.
+
+    An immediate shutdown is a crash: with synchronous_commit off it drops the
+    commits of the last few hundred milliseconds after acknowledging them, and
+    the soak would count the daemon's correct work as missing. (An earlier
+    version set these with ALTER SYSTEM, which the demo server's `-c ...=off`
+    on its command line silently overrode.)
+    """
+    conn = psycopg2.connect(url, connect_timeout=5)
     try:
-        conn.autocommit = True
         with conn.cursor() as cur:
-            for name in ("fsync", "synchronous_commit", "full_page_writes"):
-                cur.execute(f"ALTER SYSTEM SET {name} = on")
-            cur.execute("SELECT pg_reload_conf()")
+            cur.execute("SELECT name, setting, source FROM pg_settings WHERE name = ANY(%s)",
+                        (list(DURABLE_PG),))
+            found = {name: (setting, source) for name, setting, source in cur.fetchall()}
     finally:
         conn.close()
+    wrong = [f"{name}={setting} (from {source})"
+             for name, value in DURABLE_PG.items()
+             for setting, source in [found.get(name, ("missing", "nowhere"))] if setting != value]
+    if wrong:
+        raise DevServerError(f"PostgreSQL is not durable: {', '.join(wrong)}")
 
 
 def _stop_worker(worker: Worker) -> None:

@@ -22,7 +22,7 @@ Nothing here is meant to outlive the demo.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,11 +110,14 @@ class Stack:
         return self.pg.url(DATABASE)
 
 
-def start_stack(root: Path, cleanup: ExitStack, notice: Callable[[str], None]) -> Stack:
+def start_stack(root: Path, cleanup: ExitStack, notice: Callable[[str], None], *,
+                pg_settings: Mapping[str, str] | None = None) -> Stack:
+    """`pg_settings` override the PostgreSQL server's (`-c` on its command line, which
+    wins over ALTER SYSTEM): the soak turns durability back on with them."""
     redis_server = RedisServer(root / "redis", extra_args=REDIS_ARGS)
     cleanup.callback(redis_server.close)
     redis_server.start()
-    pg = PostgresServer(root / "pg")
+    pg = PostgresServer(root / "pg", settings=pg_settings)
     cleanup.callback(pg.close)
     pg.start()
     pg.create_database(DATABASE)
