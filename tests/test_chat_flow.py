@@ -171,3 +171,32 @@ def test_a_message_built_past_the_edge_is_repaired_not_dropped(rig: ChatRig) -> 
     assert_exactly_once(rig.stored(), ["past-edge", *(m.message_id for m in good)])
     assert rig.rows()["past-edge"][6] == "lone \ufffd"
     assert counter_value(rig.metrics, "chat_sanitized_total") == 1
+
+
+def test_a_batch_whose_hand_over_raises_stays_queued_and_is_stored_once(rig: ChatRig) -> None:
+    """persist_batch counts what it cannot place; if an error escapes it anyway (a bug), the
+    queue keeps the batch for the next hand-over instead of dropping it uncounted."""
+    ingest = rig.ingest()
+    real = ingest.persist_batch
+    calls = [0]
+
+    def first_call_raises(items: list[ChatMessage]) -> object:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RecursionError("a bug below persist_batch")
+        return real(items)
+
+    ingest.persist_batch = first_call_raises  # type: ignore[method-assign,assignment]
+    queue = ChatQueue(ingest, rig.metrics, max_batch=10)
+    sent = make_messages(15, account=7)
+    with pytest.raises(RecursionError):
+        for msg in sent:
+            queue.add(msg)
+    assert len(queue) == 10  # nothing vanished with the error
+    assert counter_value(rig.metrics, "chat_persistence_queue_depth") == 10
+    for msg in sent[10:]:
+        queue.add(msg)
+    queue.drain()
+    assert counter_value(rig.metrics, "chat_persistence_queue_depth") == 0
+    rig.flusher().tick()
+    assert_exactly_once(rig.stored(), [m.message_id for m in sent])

@@ -322,7 +322,12 @@ class ChatQueue:
         items, self._items = self._items, []
         try:
             counts = self._ingest.persist_batch(items)
-        finally:
-            self._metrics.chat_persistence_queue_depth.dec(len(items))
+        except Exception:
+            # persist_batch counts everything it cannot place; an error escaping it anyway (a
+            # bug) must not make a batch vanish uncounted: it stays queued for the next hand-over
+            # and for release() (a repeat of what a tier took already is idempotent downstream).
+            self._items = items + self._items
+            raise
+        self._metrics.chat_persistence_queue_depth.dec(len(items))
         self.totals.update(counts)
         return counts
