@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,7 @@ from .localstate import LocalState
 from .logs import set_level
 from .metrics import Metrics
 from .metrics_server import MetricsServer
+from .reconcile import AccountParts, AccountWorkers, Plan, stop_workers
 from .sdnotify import Notifier, watchdog_interval
 from .shutdown import Shutdown, ShutdownReport, Stage
 from .signals import RELOAD_SIGNALS, STOP_SIGNALS, SignalQueue
@@ -64,8 +65,8 @@ SOURCES_GRACE_SECS = 5.0
 FINAL_FLUSH_SECS = 3.0
 #: How often the spool is replayed while it holds anything.
 SPOOL_REPLAY_INTERVAL_SECS = 5.0
-#: Keys SIGHUP applies at once; every other change waits for a restart.
-LIVE_KEYS = frozenset({"daemon.log_level"})
+#: Keys SIGHUP applies at once (and every account key); every other change waits for a restart.
+LIVE_KEYS = frozenset({"daemon.log_level", "daemon.accounts_dir"})
 
 _LOOP_SECS = 0.5  # the supervisor's turn (and the longest it takes to see a signal)
 _STATUS_EVERY_SECS = 2.0
@@ -97,6 +98,8 @@ class Parts:
     flusher: Worker | None = None
     routes: Routes = field(default_factory=Routes)
     probe: ReadinessProbe | None = None
+    #: The account-dependent workers and routes, which SIGHUP reconciles (reconcile.py).
+    accounts: AccountWorkers | None = None
     #: Closed in this order after the shutdown stages, each with its name for the log.
     closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
 
@@ -212,40 +215,65 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     # Live alerts (issue 6): Redis PUBLISH on its own thread, SSE clients on the HTTP port.
     alerts = AlertPublisher(client, metrics)
     sessions = StreamSessions(pool, metrics)
-    twitch = build_twitch(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "twitch"),
-                          chat_queue=lambda name: ChatQueue(chat, metrics),
-                          chat=chat.buffer_or_persist, persist_event=events.persist_event,
-                          alerts=alerts, held=HeldGifts(client, cfg.daemon.instance_id))
-    parts.sources += twitch.sources
-    twitch.add_routes(parts.routes)
-    # StreamElements tips and activities (issue 13): one Astro socket per account.
-    parts.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
-                                          alerts=alerts)
-    # Kick (issue 12): a Pusher source per account of this shard; the webhook route always.
-    kick = build_kick(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "kick"),
-                      chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
-                      persist_event=events.persist_event, alerts=alerts, key=kick_key)
-    parts.sources += kick.sources
-    kick.add_routes(parts.routes)
+    twitch_seen = SeenDeliveries(client, "twitch")
+    kick_seen = SeenDeliveries(client, "kick")
+    held = HeldGifts(client, cfg.daemon.instance_id)
+    # Refused frames keep their raw bytes (RELIABILITY.md B17).
+    frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
+
+    def account_parts(cfg: Config, metrics: Metrics) -> AccountParts:
+        """Everything made from cfg.accounts; run again on SIGHUP (see reconcile.py)."""
+        out = AccountParts()
+        twitch = build_twitch(cfg, metrics, sessions=sessions, seen=twitch_seen,
+                              chat_queue=lambda name: ChatQueue(chat, metrics),
+                              chat=chat.buffer_or_persist, persist_event=events.persist_event,
+                              alerts=alerts, held=held)
+        out.sources += twitch.sources
+        twitch.add_routes(out.routes)
+        # StreamElements tips and activities (issue 13): one Astro socket per account.
+        out.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
+                                            alerts=alerts)
+        # Kick (issue 12): a Pusher source per account of this shard; the webhook route always.
+        kick = build_kick(cfg, metrics, sessions=sessions, seen=kick_seen,
+                          chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
+                          persist_event=events.persist_event, alerts=alerts, key=kick_key)
+        out.sources += kick.sources
+        kick.add_routes(out.routes)
+        # Bluesky records (issue 7); posts go out as `bluesky.post` alerts.
+        jetstream = build_jetstream(cfg, metrics, pool=pool, alerts=alerts)
+        if jetstream is not None:
+            out.sources.append(jetstream)
+        # 7TV emote-set changes (issue 14): EventAPI sockets, healed through the REST API.
+        seventv = build_seventv(cfg, metrics, store=SetStateStore(pool), persist_event=events.persist_event,
+                                alerts=alerts)
+        if seventv is not None:
+            out.sources.append(seventv)
+        for source in out.sources:
+            if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
+                source.frame_quarantine = frames
+        if twitch.webhook is not None:
+            twitch.webhook.frame_quarantine = frames
+        if kick.subscriptions is not None:
+            out.timers.append(kick.subscriptions)
+        # Stream status (issue 15): live status and viewer statistics, a timer whose
+        # final() writes the current minute's window within the shutdown budget.
+        poller = build_stream_status(cfg, metrics, sink=EventSink(events.persist_event, alerts=alerts,
+                                                                  sessions=sessions),
+                                     stats=stats, sessions=sessions)
+        if poller is not None:
+            out.timers.append(poller)
+        return out
+
+    parts.accounts = AccountWorkers(account_parts, metrics)
+    initial = parts.accounts.initial(cfg)
+    for source in parts.sources:  # the synthetic source, built above
+        if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
+            source.frame_quarantine = frames
+    parts.sources += initial.sources
+    parts.accounts.add_routes(parts.routes)
     parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
                                                      metrics), max_body_bytes=EMIT_MAX_BODY)
     parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))
-    # Bluesky records (issue 7); posts go out as `bluesky.post` alerts.
-    jetstream = build_jetstream(cfg, metrics, pool=pool, alerts=alerts)
-    if jetstream is not None:
-        parts.sources.append(jetstream)
-    # 7TV emote-set changes (issue 14): EventAPI sockets, healed through the REST API.
-    seventv = build_seventv(cfg, metrics, store=SetStateStore(pool), persist_event=events.persist_event,
-                            alerts=alerts)
-    if seventv is not None:
-        parts.sources.append(seventv)
-    # Refused frames keep their raw bytes (RELIABILITY.md B17).
-    frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
-    for source in parts.sources:
-        if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
-            source.frame_quarantine = frames
-    if twitch.webhook is not None:
-        twitch.webhook.frame_quarantine = frames
     parts.flusher = ChatFlusher(client, pool, metrics, cfg)
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
@@ -255,15 +283,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         RetentionWorker(pool, cfg, metrics),
         StartupBackfill(cfg, metrics),
     ]
-    if kick.subscriptions is not None:
-        parts.timers.append(kick.subscriptions)
-    # Stream status (issue 15): live status and viewer statistics, a timer whose
-    # final() writes the current minute's window within the shutdown budget.
-    poller = build_stream_status(cfg, metrics, sink=EventSink(events.persist_event, alerts=alerts,
-                                                              sessions=sessions),
-                                 stats=stats, sessions=sessions)
-    if poller is not None:
-        parts.timers.append(poller)
+    parts.timers += initial.timers
     parts.probe = ReadinessProbe(client, pool, metrics)
     return parts
 
@@ -278,6 +298,8 @@ class _Supervised:
     started_at: float = 0.0
     restart_at: float | None = None
     backoff: float = 0.0
+    #: Stopped for good by a reload; dropped once its thread has ended.
+    retired: bool = False
 
 
 class Supervisor:
@@ -301,6 +323,20 @@ class Supervisor:
     def add(self, worker: Worker, role: Role) -> None:
         self._entries.append(_Supervised(worker, role))
 
+    def add_started(self, worker: Worker, role: Role) -> None:
+        """Add a worker while the others run (a reload's new account worker) and start it."""
+        entry = _Supervised(worker, role)
+        self._entries.append(entry)
+        worker.start()
+        entry.started_at = self._clock()
+
+    def retire(self, worker: Worker) -> None:
+        """Forget a worker a reload stopped; one still finishing stays listed until it ends."""
+        for entry in self._entries:
+            if entry.worker is worker:
+                entry.retired = True
+        self._entries = [e for e in self._entries if not (e.retired and not e.worker.alive)]
+
     def workers(self, *roles: Role) -> list[Worker]:
         return [e.worker for e in self._entries if not roles or e.role in roles]
 
@@ -315,6 +351,8 @@ class Supervisor:
     def check(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
         self.last_check = now
+        if any(e.retired for e in self._entries):
+            self._entries = [e for e in self._entries if not (e.retired and not e.worker.alive)]
         for entry in self._entries:
             worker = entry.worker
             if worker.alive or worker.stopping:
@@ -525,13 +563,58 @@ class App:
         try:
             new = self._reload()
         except ConfigError as exc:
+            self.metrics.config_reloads.labels("refused").inc()
             log.error("reload: the configuration has %d problem(s); keeping the running one: %s",
                       len(exc.problems), "; ".join(str(p) for p in exc.problems))
         except Exception:
+            self.metrics.config_reloads.labels("refused").inc()
             log.exception("reload failed; keeping the running configuration")
         else:
-            self._apply(new)
+            if self._reconcile(new):
+                self._apply(new)
+                self.metrics.config_reloads.labels("applied").inc()
+            else:
+                self.metrics.config_reloads.labels("refused").inc()
         self.notifier.notify("READY=1", f"STATUS={self._status()}")
+
+    def _reconcile(self, new: Config) -> bool:
+        """Move the account workers to `new.accounts`; False (nothing changed) if they cannot be built."""
+        accounts = self.parts.accounts if self.parts is not None else None
+        if accounts is None:
+            return True
+        # The fixed sections stay as they were at boot (they need a restart).
+        running = replace(self._boot_cfg, daemon=replace(self._boot_cfg.daemon,
+                                                         accounts_dir=new.daemon.accounts_dir))
+        try:
+            plan = accounts.plan(running, new.accounts)
+        except Exception:
+            log.exception("reload: the accounts could not be built; keeping the running configuration")
+            return False
+        if plan.empty:
+            return True
+        self._run_plan(plan)
+        accounts.commit(plan, replace(running, accounts=new.accounts))
+        log.info("reload: accounts added %s, removed %s, changed %s; %d worker(s) stopped, %d started, "
+                 "%d kept running", _ids(plan.added), _ids(plan.removed), _ids(plan.changed),
+                 len(plan.stop), len(plan.start), plan.kept)
+        return True
+
+    def _run_plan(self, plan: Plan) -> None:
+        # Stopped first: a changed account's old socket hands its chat over and
+        # closes before the new one connects.
+        late = stop_workers(plan.stop, SOURCES_GRACE_SECS)
+        if late:
+            log.error("reload: %s did not stop within %.0fs; starting their replacements anyway",
+                      ", ".join(late), SOURCES_GRACE_SECS)
+        for worker in plan.stop:
+            self.supervisor.retire(worker)
+        self.metrics.account_workers_reconciled.labels("stopped").inc(len(plan.stop))
+        for worker, kind in plan.start:
+            try:
+                self.supervisor.add_started(worker, Role.SOURCE if kind == "source" else Role.TIMER)
+            except Exception:
+                log.exception("reload: worker %s could not be started", worker.name)
+        self.metrics.account_workers_reconciled.labels("started").inc(len(plan.start))
 
     def _apply(self, new: Config) -> None:
         running = _settings(self.cfg)
@@ -539,12 +622,12 @@ class App:
         wanted = _settings(new)
         applied: list[str] = []
         for key, value in wanted.items():
-            if key in LIVE_KEYS and running.get(key) != value:
+            if key in LIVE_KEYS and not key.startswith("account.") and running.get(key) != value:
                 applied.append(f"{key} = {value}")
         if new.daemon.log_level != self.cfg.daemon.log_level:
             set_level(new.daemon.log_level)
         restart = sorted(k for k in set(boot) | set(wanted)
-                         if k not in LIVE_KEYS and boot.get(k) != wanted.get(k))
+                         if not _live(k) and boot.get(k) != wanted.get(k))
         self.cfg = new
         if applied:
             log.info("reload: applied %s", ", ".join(applied))
@@ -717,6 +800,14 @@ def _settings(cfg: Config) -> dict[str, str]:
         key, _, value = line.partition(" =")
         out[key] = value.strip()
     return out
+
+
+def _live(key: str) -> bool:
+    return key in LIVE_KEYS or key.startswith("account.")
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids) if ids else "none"
 
 
 def _fmt(address: tuple[str, int] | None) -> str:

@@ -712,6 +712,10 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "This replica's share of the accounts, as INDEX/COUNT: the replica's index "
        "(from 0) and the number of replicas. 0/1 = a single replica.",
        fields=("shard_index", "shard_count")),
+    _s("daemon", "accounts_dir", "/etc/lumio/accounts.d", _AbsPath(),
+       "Directory whose *.ini files may hold more [account.N] sections (and nothing else); "
+       "a missing directory holds none. Read at start and again on SIGHUP, which starts, "
+       "stops and restarts the sources of the accounts added, removed and changed."),
     _s("daemon", "spool_max_bytes", "1073741824", _Int(1),
        "Largest size of the local spool, which holds chat and events while Redis "
        "and the database are both down, in bytes."),
@@ -971,6 +975,7 @@ class DaemonConfig:
     log_level: str = _default("daemon", "log_level")
     shard_index: int = _default("daemon", "shard")[0]
     shard_count: int = _default("daemon", "shard")[1]
+    accounts_dir: Path = _default("daemon", "accounts_dir")
     spool_max_bytes: int = _default("daemon", "spool_max_bytes")
     shutdown_timeout_secs: float = _default("daemon", "shutdown_timeout_secs")
 
@@ -1316,8 +1321,12 @@ def load(path: str, environ: Mapping[str, str]) -> Config:
         if name not in sections:
             sections[name] = _parse_section(path, name, name, (), ctx, problems)
 
+    origins = {a.account_id: path for a in accounts}
+    daemon = sections.get("daemon")
+    if daemon is not None:
+        accounts += _load_accounts_dir(daemon["accounts_dir"], origins, ctx, problems)
     accounts.sort(key=lambda a: a.account_id)
-    _check_across(path, sections, accounts, problems)
+    _check_across(path, sections, accounts, problems, origins)
     if problems:
         raise ConfigError(problems)
     built = {name: _SECTION_CLASSES[name](**values) for name, values in sections.items() if values}
@@ -1329,8 +1338,9 @@ def _check_across(
     sections: Mapping[str, Mapping[str, Any] | None],
     accounts: list[AccountConfig],
     problems: list[ConfigProblem],
+    origins: Mapping[int, str] | None = None,
 ) -> None:
-    """Rules that involve more than one key."""
+    """Rules that involve more than one key (an account's problem names its own file)."""
     for section, url_key in (("redis", "url"), ("timescale", "dsn")):
         values = sections.get(section)
         if values and values["password"] is not None and _url_has_password(values[url_key]):
@@ -1341,10 +1351,11 @@ def _check_across(
     owners: dict[tuple[str, str], int] = {}
     for account in accounts:
         section = f"account.{account.account_id}"
+        where = (origins or {}).get(account.account_id, path)
         for needs, key in (("twitch_token_file", "twitch_user_id"),
                            ("streamelements_token_file", "streamelements_channel_id")):
             if getattr(account, needs) is not None and getattr(account, key) is None:
-                problems.append(ConfigProblem(path, section, needs, f"is set but {key} is not"))
+                problems.append(ConfigProblem(where, section, needs, f"is set but {key} is not"))
         for key in ("twitch_user_id", "bluesky_did", "kick_broadcaster_user_id", "kick_chatroom_id",
                     "kick_channel_id", "streamelements_channel_id", "seventv_emote_set_id"):
             value = getattr(account, key)
@@ -1353,8 +1364,57 @@ def _check_across(
             first = owners.setdefault((key, value), account.account_id)
             if first != account.account_id:
                 problems.append(
-                    ConfigProblem(path, section, key, f'"{value}" is also the {key} of [account.{first}]')
+                    ConfigProblem(where, section, key, f'"{value}" is also the {key} of [account.{first}]'
+                                  + _in_file(origins, first, where))
                 )
+
+
+def _in_file(origins: Mapping[int, str] | None, account_id: int, here: str) -> str:
+    there = (origins or {}).get(account_id)
+    return f" in {there}" if there is not None and there != here else ""
+
+
+def _load_accounts_dir(directory: Path, origins: dict[int, str], ctx: _Context,
+                       problems: list[ConfigProblem]) -> list[AccountConfig]:
+    """The [account.N] sections of every *.ini in `directory` (missing: none).
+
+    `origins` (account id -> file) gains each account read; an id already there
+    is a problem naming both files.
+    """
+    try:
+        files = sorted(p for p in directory.iterdir() if p.name.endswith(".ini") and p.is_file())
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        problems.append(ConfigProblem(str(directory), "", "", f"[daemon] accounts_dir: cannot list: {why}"))
+        return []
+    accounts: list[AccountConfig] = []
+    for file in files:
+        name = str(file)
+        parser = _read(name, problems)
+        if parser is None:
+            continue
+        if parser.defaults():
+            problems.append(ConfigProblem(name, parser.default_section, "", _unknown_section("DEFAULT")))
+        for section in parser.sections():
+            match = _ACCOUNT_NAME.fullmatch(section)
+            if match is None or int(match.group(1)) >= 2**63:
+                hint = ("only [account.N] sections belong in accounts_dir" if section in _BY_SECTION
+                        else _unknown_section(section))
+                problems.append(ConfigProblem(name, section, "", hint))
+                continue
+            account_id = int(match.group(1))
+            first = origins.setdefault(account_id, name)
+            if first != name:
+                problems.append(ConfigProblem(name, section, "", f"[account.{account_id}] is also in {first}"
+                                              " (an account is configured once)"))
+                continue
+            values = _parse_section(name, section, ACCOUNT_SECTION, parser.items(section, raw=True), ctx,
+                                    problems)
+            if values is not None:
+                accounts.append(AccountConfig(account_id=account_id, **values))
+    return accounts
 
 
 # ---------------------------------------------------------------------------
