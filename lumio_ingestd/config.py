@@ -1405,14 +1405,13 @@ def _load_accounts_dir(directory: Path, origins: dict[int, str], ctx: _Context,
                 problems.append(ConfigProblem(name, section, "", hint))
                 continue
             account_id = int(match.group(1))
+            values = _parse_section(name, section, ACCOUNT_SECTION, parser.items(section, raw=True), ctx,
+                                    problems)
             first = origins.setdefault(account_id, name)
             if first != name:
                 problems.append(ConfigProblem(name, section, "", f"[account.{account_id}] is also in {first}"
                                               " (an account is configured once)"))
-                continue
-            values = _parse_section(name, section, ACCOUNT_SECTION, parser.items(section, raw=True), ctx,
-                                    problems)
-            if values is not None:
+            elif values is not None:
                 accounts.append(AccountConfig(account_id=account_id, **values))
     return accounts
 
