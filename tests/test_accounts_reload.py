@@ -285,7 +285,8 @@ def test_the_plan_restarts_only_what_a_changed_account_touches() -> None:
             parts.timers = [Idle("multiplexed", metrics)]
         return parts
 
-    cfg = Config(path="x", accounts=(AccountConfig(1, twitch_user_id="1"), AccountConfig(2, twitch_user_id="2")))
+    cfg = Config(path="x", accounts=(AccountConfig(1, twitch_user_id="1"),
+                                     AccountConfig(2, twitch_user_id="2")))
     workers = AccountWorkers(builder, Metrics())
     workers.initial(cfg)
     plan = workers.plan(cfg, (AccountConfig(1, twitch_user_id="1"), AccountConfig(2, twitch_user_id="22"),
