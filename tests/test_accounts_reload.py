@@ -198,8 +198,7 @@ def test_sighup_adds_removes_and_changes_accounts_while_chat_flows_exactly_once(
         with NotifySocket() as notify, Daemon(main, tmp_path / "reload.log", notify=notify) as daemon:
             with Pump(fake, [1, 2, 3]) as pump:
                 notify.wait_for("READY=1", 20)
-                for account in (1, 2, 3):
-                    assert wait_until(lambda a=account: _subscribed(fake, a) is not None, 20), daemon.log
+                assert wait_until(lambda: all(_subscribed(fake, a) for a in (1, 2, 3)), 20), daemon.log
                 first_of_1 = _subscribed(fake, 1)
                 assert first_of_1 is not None
                 old_of_3 = _subscribed(fake, 3)
