@@ -46,6 +46,7 @@ from .httpserver import HttpServer, Request, Response, Routes
 from .lease import Lease
 from .localstate import LocalState
 from .logs import set_level
+from .membership import Membership
 from .metrics import Metrics
 from .metrics_server import MetricsServer
 from .reconcile import AccountParts, AccountWorkers, Plan, stop_workers
@@ -100,6 +101,8 @@ class Parts:
     probe: ReadinessProbe | None = None
     #: The account-dependent workers and routes, which SIGHUP reconciles (reconcile.py).
     accounts: AccountWorkers | None = None
+    #: `shard = auto` only: the live replicas and the accounts this one runs.
+    membership: Membership | None = None
     #: Closed in this order after the shutdown stages, each with its name for the log.
     closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
 
@@ -143,7 +146,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     # Imported here so that the runtime above stays importable on its own.
     from .alerts import STREAM_PATH, AlertPublisher, stream_handler
     from .chat.deadletter import ChatDeadLetterDrain
-    from .chat.flusher import ChatFlusher
+    from .chat.flusher import ChatFlusher, default_heartbeat_ttl
     from .chat.ingest import ChatIngest, ChatQueue, chat_spool_handler
     from .db.pool import Pool
     from .emit import MAX_BODY_BYTES as EMIT_MAX_BODY
@@ -265,7 +268,14 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         return out
 
     parts.accounts = AccountWorkers(account_parts, metrics)
-    initial = parts.accounts.initial(cfg)
+    heartbeat_ttl = default_heartbeat_ttl(cfg)
+    if cfg.daemon.shard_auto:
+        # Nothing runs until the membership's first turn hands accounts out.
+        parts.membership = Membership(client, cfg.daemon.instance_id, heartbeat_ttl, metrics)
+        parts.membership.set_accounts(a.account_id for a in cfg.accounts)
+        initial = parts.accounts.initial(replace(cfg, owned=frozenset(), leader=False))
+    else:
+        initial = parts.accounts.initial(cfg)
     for source in parts.sources:  # the synthetic source, built above
         if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
             source.frame_quarantine = frames
@@ -274,7 +284,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
                                                      metrics), max_body_bytes=EMIT_MAX_BODY)
     parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))
-    parts.flusher = ChatFlusher(client, pool, metrics, cfg)
+    parts.flusher = ChatFlusher(client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
+                                owns=parts.membership.flushes if parts.membership is not None else None)
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
         EventRetryWorker(client, pool, metrics, cfg, records=records),
@@ -284,6 +295,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         StartupBackfill(cfg, metrics),
     ]
     parts.timers += initial.timers
+    if parts.membership is not None:
+        parts.timers.append(parts.membership)
     parts.probe = ReadinessProbe(client, pool, metrics)
     return parts
 
@@ -498,6 +511,8 @@ class App:
                                      lambda: self.supervisor.workers(), self._supervisor_problem)
             sup.add(self.watchdog, Role.RUNTIME)
             log.info("systemd watchdog: petting every %.2fs", interval)
+        if parts.membership is not None:
+            parts.membership.on_change = self.signals.wake
         sup.start_all()
 
     def _requested(self, which: str) -> tuple[str, int]:
@@ -525,6 +540,7 @@ class App:
                     return
                 if signum in RELOAD_SIGNALS:
                     self._reload_config()
+            self._follow_membership()
             self.supervisor.check()
             now = time.monotonic()
             if now - self._status_at >= _STATUS_EVERY_SECS:
@@ -582,22 +598,54 @@ class App:
         accounts = self.parts.accounts if self.parts is not None else None
         if accounts is None:
             return True
+        current = accounts.cfg if accounts.cfg is not None else self._boot_cfg
         # The fixed sections stay as they were at boot (they need a restart).
-        running = replace(self._boot_cfg, daemon=replace(self._boot_cfg.daemon,
-                                                         accounts_dir=new.daemon.accounts_dir))
+        wanted = replace(self._boot_cfg, daemon=replace(self._boot_cfg.daemon,
+                                                        accounts_dir=new.daemon.accounts_dir),
+                         accounts=new.accounts, owned=current.owned, leader=current.leader)
         try:
-            plan = accounts.plan(running, new.accounts)
+            plan = accounts.plan(wanted)
         except Exception:
             log.exception("reload: the accounts could not be built; keeping the running configuration")
             return False
+        membership = self.parts.membership if self.parts is not None else None
+        if membership is not None:
+            membership.set_accounts(a.account_id for a in new.accounts)
         if plan.empty:
             return True
         self._run_plan(plan)
-        accounts.commit(plan, replace(running, accounts=new.accounts))
+        accounts.commit(plan, wanted)
         log.info("reload: accounts added %s, removed %s, changed %s; %d worker(s) stopped, %d started, "
                  "%d kept running", _ids(plan.added), _ids(plan.removed), _ids(plan.changed),
                  len(plan.stop), len(plan.start), plan.kept)
         return True
+
+    def _follow_membership(self) -> None:
+        """`shard = auto`: run the accounts the membership hands this replica (stop before start)."""
+        parts = self.parts
+        if parts is None or parts.membership is None or parts.accounts is None or parts.accounts.cfg is None:
+            return
+        membership, accounts = parts.membership, parts.accounts
+        target = membership.target()
+        current = accounts.cfg
+        assert current is not None
+        if target is None:
+            return
+        leader = membership.leader()
+        if target == current.owned and leader == current.leader:
+            return
+        wanted = replace(current, owned=target, leader=leader)
+        try:
+            plan = accounts.plan(wanted)
+        except Exception:
+            log.exception("membership: the accounts could not be built; trying again next turn")
+            return
+        before = current.owned or frozenset()
+        self._run_plan(plan)
+        accounts.commit(plan, wanted)
+        membership.settled(target, released=before - target)
+        log.info("membership: running %d account(s)%s; gained %s, handed over %s", len(target),
+                 " (leader)" if leader else "", _ids(sorted(target - before)), _ids(sorted(before - target)))
 
     def _run_plan(self, plan: Plan) -> None:
         # Stopped first: a changed account's old socket hands its chat over and
@@ -743,6 +791,12 @@ class App:
         return stages
 
     def _release_leases(self) -> None:
+        if self.parts is not None and self.parts.membership is not None:
+            # After the sources stopped: the next owners may start them now.
+            self.parts.membership.release_all()
+        self._release_drain_leases()
+
+    def _release_drain_leases(self) -> None:
         # The drains release their own lease in final(); this covers a drain
         # that did not stop in time (the process exits under it anyway).
         for worker in self.supervisor.workers():

@@ -321,19 +321,21 @@ _SHARD = re.compile(r"([0-9]{1,6})/([0-9]{1,6})")
 
 @dataclass(frozen=True, slots=True)
 class _Shard(_Kind):
-    """INDEX/COUNT -> (index, count)."""
+    """INDEX/COUNT -> (index, count, False); `auto` -> (0, 1, True)."""
 
-    def parse(self, raw: str, ctx: _Context) -> tuple[int, int]:
+    def parse(self, raw: str, ctx: _Context) -> tuple[int, int, bool]:
+        if raw == "auto":
+            return 0, 1, True
         m = _SHARD.fullmatch(raw)
         if m:
             index, count = int(m.group(1)), int(m.group(2))
             if 0 <= index < count:
-                return index, count
-        raise _Invalid(f'expected INDEX/COUNT with 0 <= INDEX < COUNT, like "0/1", {_got(raw)}')
+                return index, count, False
+        raise _Invalid(f'expected INDEX/COUNT with 0 <= INDEX < COUNT, like "0/1", or auto, {_got(raw)}')
 
     def render(self, value: Any) -> str:
-        index, count = value
-        return f"{index}/{count}"
+        index, count, auto = value
+        return "auto" if auto else f"{index}/{count}"
 
 
 _HOSTNAME = re.compile(
@@ -710,8 +712,10 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "Lowest level that is logged: debug, info, warning or error."),
     _s("daemon", "shard", "0/1", _Shard(),
        "This replica's share of the accounts, as INDEX/COUNT: the replica's index "
-       "(from 0) and the number of replicas. 0/1 = a single replica.",
-       fields=("shard_index", "shard_count")),
+       "(from 0) and the number of replicas. 0/1 = a single replica. auto = the live "
+       "replicas (their lumio:instance heartbeats) split the accounts among themselves "
+       "by rendezvous hashing, and move them when one stops, dies or joins.",
+       fields=("shard_index", "shard_count", "shard_auto")),
     _s("daemon", "accounts_dir", "/etc/lumio/accounts.d", _AbsPath(),
        "Directory whose *.ini files may hold more [account.N] sections (and nothing else); "
        "a missing directory holds none. Read at start and again on SIGHUP, which starts, "
@@ -975,6 +979,7 @@ class DaemonConfig:
     log_level: str = _default("daemon", "log_level")
     shard_index: int = _default("daemon", "shard")[0]
     shard_count: int = _default("daemon", "shard")[1]
+    shard_auto: bool = _default("daemon", "shard")[2]
     accounts_dir: Path = _default("daemon", "accounts_dir")
     spool_max_bytes: int = _default("daemon", "spool_max_bytes")
     shutdown_timeout_secs: float = _default("daemon", "shutdown_timeout_secs")
@@ -1142,6 +1147,26 @@ class Config:
     streamstatus: StreamStatusConfig = field(default_factory=StreamStatusConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     accounts: tuple[AccountConfig, ...] = ()
+    #: With `shard = auto`: the accounts this replica holds now (set by the
+    #: daemon from its membership, never read from a file); None = by INDEX/COUNT.
+    owned: frozenset[int] | None = None
+    #: With `shard = auto`: this replica is the first live one (see `leads`).
+    leader: bool = False
+
+    def owns(self, account_id: int) -> bool:
+        """Whether this replica runs the account's sources."""
+        if self.owned is not None:
+            return account_id in self.owned
+        if self.daemon.shard_auto:
+            return False  # nothing until the membership hands accounts out
+        return account_id % self.daemon.shard_count == self.daemon.shard_index
+
+    @property
+    def leads(self) -> bool:
+        """Whether this replica runs the one-per-deployment workers that have no lease of their own."""
+        if self.daemon.shard_auto:
+            return self.owned is not None and self.leader
+        return self.daemon.shard_index == 0
 
 
 # Section name -> the dataclass built from it; Config has one attribute per fixed section.

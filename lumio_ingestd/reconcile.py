@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .config import AccountConfig, Config
+from .config import Config
 from .httpserver import Handler, Request, Response, Routes, StreamResponse
 from .metrics import Metrics
 from .worker import Worker
@@ -144,16 +144,17 @@ class AccountWorkers:
 
     # -- reload ------------------------------------------------------------------
 
-    def plan(self, running: Config, new_accounts: tuple[AccountConfig, ...]) -> Plan:
-        """What moving to `new_accounts` stops and starts (built, not started)."""
+    def plan(self, new_cfg: Config) -> Plan:
+        """What moving to `new_cfg` (its accounts, and with `shard = auto` its owned
+        accounts and leadership) stops and starts: built, not started."""
         assert self.cfg is not None, "initial() first"
         old_cfg = self.cfg
-        new_cfg = replace(running, accounts=new_accounts)
         old = {a.account_id: a for a in old_cfg.accounts}
-        new = {a.account_id: a for a in new_accounts}
+        new = {a.account_id: a for a in new_cfg.accounts}
         plan = Plan(added=sorted(set(new) - set(old)), removed=sorted(set(old) - set(new)),
-                    changed=sorted(i for i in set(old) & set(new) if old[i] != new[i]))
-        if not (plan.added or plan.removed or plan.changed):
+                    changed=sorted(i for i in set(old) & set(new)
+                                   if old[i] != new[i] or old_cfg.owns(i) != new_cfg.owns(i)))
+        if not (plan.added or plan.removed or plan.changed) and old_cfg.leads == new_cfg.leads:
             return plan
         scratch = Metrics()
         touched: set[str] = set()

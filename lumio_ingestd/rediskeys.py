@@ -55,6 +55,11 @@ def instance_claim(instance: str) -> str:
     return f"lumio:claim:{instance}"
 
 
+def account_owner(account_id: int) -> str:
+    """`shard = auto`: the instance running the account's sources (membership.py)."""
+    return f"lumio:owner:{{{account_id}}}"
+
+
 def account_of(key: str) -> int:
     """The account id inside a key's braces."""
     start = key.index("{") + 1

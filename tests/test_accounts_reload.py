@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg2
@@ -288,10 +289,10 @@ def test_the_plan_restarts_only_what_a_changed_account_touches() -> None:
                                      AccountConfig(2, twitch_user_id="2")))
     workers = AccountWorkers(builder, Metrics())
     workers.initial(cfg)
-    plan = workers.plan(cfg, (AccountConfig(1, twitch_user_id="1"), AccountConfig(2, twitch_user_id="22"),
-                              AccountConfig(3)))
+    plan = workers.plan(replace(cfg, accounts=(AccountConfig(1, twitch_user_id="1"),
+                                               AccountConfig(2, twitch_user_id="22"), AccountConfig(3))))
     assert (plan.added, plan.removed, plan.changed) == ([3], [], [2])
     assert sorted(w.name for w in plan.stop) == ["multiplexed", "source-x-2"]
     assert sorted(w.name for w, _ in plan.start) == ["multiplexed", "source-x-2", "source-x-3"]
     assert plan.kept == 1
-    assert workers.plan(cfg, cfg.accounts).empty
+    assert workers.plan(cfg).empty
