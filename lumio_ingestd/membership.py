@@ -149,6 +149,10 @@ class Membership(Worker):
             self._live = tuple(live)
         if changed_live:
             log.info("membership: live instances %s", ", ".join(live))
+        if self.turns == 0 and previous is None:
+            # The first turn only announces this replica: replicas started together
+            # see each other before any takes an account, instead of handing over.
+            return self.interval_secs
         desired = {a for a in accounts if owner(a, live) == self.instance}
         held = running | (previous or frozenset())
         ttl_ms = str(max(1, int(self.ttl_secs * 1000)))

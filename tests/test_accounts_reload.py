@@ -11,28 +11,23 @@ message the stand-in delivered is stored exactly once, for every account.
 
 from __future__ import annotations
 
-import json
 import signal
-import threading
 import time
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-import psycopg2
 import pytest
+from accounts_support import Pump, account_section, broadcaster, sessions_of, stored_chat, subscribed
 
 from daemon_support import Daemon, NotifySocket
-from fakes.twitch import FakeSession, FakeTwitch, StandinError
+from fakes.twitch import FakeSession, FakeTwitch
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.cli import main as cli_main
 from lumio_ingestd.config import ConfigError, load
 from lumio_ingestd.db.migrate import migrate
-from lumio_ingestd.standins.twitch_events import chat_event
 from support import dbname_of, write_ini
 
 SHUTDOWN_BUDGET = 8.0
-CHAT = "channel.chat.message"
 
 
 # --------------------------------------------------------------------------- the loader
@@ -98,80 +93,6 @@ def test_check_config_validates_the_accounts_dir(tmp_path: Path, capsys: pytest.
 # --------------------------------------------------------------------------- the daemon
 
 
-def _token(path: Path, fake: FakeTwitch) -> Path:
-    path.write_text(json.dumps({"access_token": fake.access_token, "refresh_token": fake.refresh_token}))
-    path.chmod(0o600)
-    return path
-
-
-def _broadcaster(account: int) -> str:
-    return str(1000 + account)
-
-
-def _account(tmp_path: Path, fake: FakeTwitch, account: int, token: str = "t") -> dict[str, object]:
-    return {"twitch_user_id": _broadcaster(account),
-            "twitch_token_file": _token(tmp_path / f"token-{account}-{token}.json", fake)}
-
-
-class Pump:
-    """Sends chat to every listed account's current session, recording what went out where."""
-
-    def __init__(self, fake: FakeTwitch, accounts: list[int]) -> None:
-        self.fake = fake
-        self.accounts = list(accounts)
-        self.sent: dict[str, tuple[int, float, str]] = {}  # message id -> (account, at, session id)
-        self._stop = threading.Event()
-        self._n = 0
-        self._thread = threading.Thread(target=self._run, name="test-pump")
-
-    def __enter__(self) -> Pump:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            for account in list(self.accounts):
-                self._n += 1
-                message_id = f"m-{account}-{self._n}"
-                session = self.fake.active_session(CHAT, _broadcaster(account))
-                if session is None:
-                    continue
-                try:
-                    self.fake.notify(CHAT, chat_event(message_id, broadcaster=_broadcaster(account)),
-                                     session=session, message_id=message_id)
-                except StandinError:
-                    continue
-                self.sent[message_id] = (account, time.monotonic(), session.id)
-
-    def ids(self, account: int, before: float | None = None, after: float | None = None) -> set[str]:
-        return {m for m, (a, at, _s) in list(self.sent.items()) if a == account
-                and (before is None or at < before) and (after is None or at > after)}
-
-
-def _sessions(fake: FakeTwitch, account: int) -> list[FakeSession]:
-    return [s for s in list(fake.sessions)
-            if any(json.dumps(sub.get("condition", {})).count(_broadcaster(account))
-                   for sub in s.subscriptions.values())]
-
-
-def _subscribed(fake: FakeTwitch, account: int) -> FakeSession | None:
-    return fake.active_session(CHAT, _broadcaster(account))
-
-
-def _stored(pg_url: str) -> Counter[str]:
-    conn = psycopg2.connect(pg_url, connect_timeout=5)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT message_id FROM chat_messages")
-            return Counter(r[0] for r in cur.fetchall())
-    finally:
-        conn.close()
-
-
 def test_sighup_adds_removes_and_changes_accounts_while_chat_flows_exactly_once(
         tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str) -> None:
     pg_url = pg_server.url(dbname_of(pg_dsn))
@@ -191,23 +112,23 @@ def test_sighup_adds_removes_and_changes_accounts_while_chat_flows_exactly_once(
             "twitch": {"client_id": fake.client_id, "client_secret_file": secret,
                        "eventsub_ws_url": fake.ws_url, "helix_url": fake.helix_url,
                        "oauth_url": fake.oauth_url},
-            "account.1": _account(tmp_path, fake, 1),
+            "account.1": account_section(tmp_path, fake, 1),
         })
-        write_ini(d / "a.ini", {"account.2": _account(tmp_path, fake, 2),
-                                "account.3": _account(tmp_path, fake, 3)})
+        write_ini(d / "a.ini", {"account.2": account_section(tmp_path, fake, 2),
+                                "account.3": account_section(tmp_path, fake, 3)})
         migrate(load(str(main), {}).timescale)
         with NotifySocket() as notify, Daemon(main, tmp_path / "reload.log", notify=notify) as daemon:
             with Pump(fake, [1, 2, 3]) as pump:
                 notify.wait_for("READY=1", 20)
-                assert wait_until(lambda: all(_subscribed(fake, a) for a in (1, 2, 3)), 20), daemon.log
-                first_of_1 = _subscribed(fake, 1)
+                assert wait_until(lambda: all(subscribed(fake, a) for a in (1, 2, 3)), 20), daemon.log
+                first_of_1 = subscribed(fake, 1)
                 assert first_of_1 is not None
-                old_of_3 = _subscribed(fake, 3)
+                old_of_3 = subscribed(fake, 3)
                 assert wait_until(lambda: len(pump.ids(1)) > 50 and len(pump.ids(2)) > 50, 20)
 
                 # Add 4 (a new file), remove 2, change 3 (another token file).
-                write_ini(d / "a.ini", {"account.3": _account(tmp_path, fake, 3, token="new")})
-                write_ini(d / "b.ini", {"account.4": _account(tmp_path, fake, 4)})
+                write_ini(d / "a.ini", {"account.3": account_section(tmp_path, fake, 3, token="new")})
+                write_ini(d / "b.ini", {"account.4": account_section(tmp_path, fake, 4)})
                 pump.accounts.append(4)
                 hup = time.monotonic()
                 sent = daemon.signal(signal.SIGHUP)
@@ -217,30 +138,30 @@ def test_sighup_adds_removes_and_changes_accounts_while_chat_flows_exactly_once(
                 daemon.wait_log(r"reload: accounts added 4, removed 2, changed 3; 3 worker\(s\) stopped, "
                                 r"3 started, 1 kept running", 10)
                 reloaded = time.monotonic()
-                assert wait_until(lambda: _subscribed(fake, 4) is not None, 20), daemon.log
-                assert wait_until(lambda: _subscribed(fake, 3) not in (None, old_of_3), 20), daemon.log
+                assert wait_until(lambda: subscribed(fake, 4) is not None, 20), daemon.log
+                assert wait_until(lambda: subscribed(fake, 3) not in (None, old_of_3), 20), daemon.log
                 assert old_of_3 is not None and old_of_3.closed.is_set()
-                assert _subscribed(fake, 2) is None
+                assert subscribed(fake, 2) is None
                 assert wait_until(lambda: len(pump.ids(4)) > 30 and len(pump.ids(3, after=reloaded)) > 30, 20)
 
                 # A broken file: refused, nothing changes.
                 sessions_before = len(fake.sessions)
-                write_ini(d / "c.ini", {"account.5": {"twitch_user_id": _broadcaster(5), "twitch_tokn": "x"}})
+                write_ini(d / "c.ini", {"account.5": {"twitch_user_id": broadcaster(5), "twitch_tokn": "x"}})
                 daemon.signal(signal.SIGHUP)
                 daemon.wait_log(r"reload: the configuration has 1 problem\(s\); keeping the running one: "
                                 + str(d / "c.ini") + r": \[account\.5\] twitch_tokn: unknown key", 10)
                 time.sleep(1.0)  # what a wrong reload would start has had time to connect
                 assert len(fake.sessions) == sessions_before
-                assert _subscribed(fake, 5) is None
+                assert subscribed(fake, 5) is None
                 assert wait_until(lambda: len(pump.ids(1, after=time.monotonic() - 0.5)) > 10, 10)
             # The pump has stopped: stop the daemon and count.
             daemon.signal(signal.SIGTERM)
             assert daemon.wait(SHUTDOWN_BUDGET + 2) == 0, daemon.log
 
     # Account 1 was never touched: one socket the whole time.
-    assert _sessions(fake, 1) == [first_of_1], [s.id for s in _sessions(fake, 1)]
+    assert sessions_of(fake, 1) == [first_of_1], [s.id for s in sessions_of(fake, 1)]
     assert first_of_1.close_code is None
-    stored = _stored(pg_url)
+    stored = stored_chat(pg_url)
     duplicates = {m: n for m, n in stored.items() if n > 1}
     assert not duplicates, list(duplicates)[:5]
     unknown = set(stored) - set(pump.sent)
