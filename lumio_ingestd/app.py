@@ -43,7 +43,7 @@ from . import exitcodes
 from .config import Config, ConfigError, redacted_lines
 from .health import HealthProbe, ReadinessProbe, Watchdog
 from .httpserver import HttpServer, Request, Response, Routes
-from .lease import Lease
+from .lease import Lease, LeaseGated
 from .localstate import LocalState
 from .logs import set_level
 from .membership import Membership
@@ -64,6 +64,8 @@ log = logging.getLogger("lumio_ingestd.app")
 HTTP_GRACE_SECS = 5.0
 SOURCES_GRACE_SECS = 5.0
 FINAL_FLUSH_SECS = 3.0
+#: `shard = auto`: the lease of the Kick subscriptions worker (a dead holder's lapses within it).
+KICK_LEASE_TTL_SECS = 30.0
 #: How often the spool is replayed while it holds anything.
 SPOOL_REPLAY_INTERVAL_SECS = 5.0
 #: Keys SIGHUP applies at once (and every account key); every other change waits for a restart.
@@ -144,6 +146,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     """Make and wire every part of the daemon. Contacts no server (no reachability gate)
     but for one bounded Redis call: the instance claim (`_claim_instance`)."""
     # Imported here so that the runtime above stays importable on its own.
+    from . import rediskeys
     from .alerts import STREAM_PATH, AlertPublisher, stream_handler
     from .chat.deadletter import ChatDeadLetterDrain
     from .chat.flusher import ChatFlusher, default_heartbeat_ttl
@@ -257,7 +260,11 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         if twitch.webhook is not None:
             twitch.webhook.frame_quarantine = frames
         if kick.subscriptions is not None:
-            out.timers.append(kick.subscriptions)
+            # With `shard = auto` every replica builds it and a lease picks the one that runs it.
+            out.timers.append(LeaseGated(kick.subscriptions, Lease(
+                client, rediskeys.KICK_SUBSCRIPTIONS_LEADER, KICK_LEASE_TTL_SECS, metrics,
+                owner=cfg.daemon.instance_id), KICK_LEASE_TTL_SECS)
+                if cfg.daemon.shard_auto else kick.subscriptions)
         # Stream status (issue 15): live status and viewer statistics, a timer whose
         # final() writes the current minute's window within the shutdown budget.
         poller = build_stream_status(cfg, metrics, sink=EventSink(events.persist_event, alerts=alerts,
@@ -273,7 +280,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         # Nothing runs until the membership's first turn hands accounts out.
         parts.membership = Membership(client, cfg.daemon.instance_id, heartbeat_ttl, metrics)
         parts.membership.set_accounts(a.account_id for a in cfg.accounts)
-        initial = parts.accounts.initial(replace(cfg, owned=frozenset(), leader=False))
+        initial = parts.accounts.initial(replace(cfg, owned=frozenset()))
     else:
         initial = parts.accounts.initial(cfg)
     for source in parts.sources:  # the synthetic source, built above
@@ -602,7 +609,7 @@ class App:
         # The fixed sections stay as they were at boot (they need a restart).
         wanted = replace(self._boot_cfg, daemon=replace(self._boot_cfg.daemon,
                                                         accounts_dir=new.daemon.accounts_dir),
-                         accounts=new.accounts, owned=current.owned, leader=current.leader)
+                         accounts=new.accounts, owned=current.owned)
         try:
             plan = accounts.plan(wanted)
         except Exception:
@@ -631,10 +638,9 @@ class App:
         assert current is not None
         if target is None:
             return
-        leader = membership.leader()
-        if target == current.owned and leader == current.leader:
+        if target == current.owned:
             return
-        wanted = replace(current, owned=target, leader=leader)
+        wanted = replace(current, owned=target)
         try:
             plan = accounts.plan(wanted)
         except Exception:
@@ -644,8 +650,8 @@ class App:
         self._run_plan(plan)
         accounts.commit(plan, wanted)
         membership.settled(target, released=before - target)
-        log.info("membership: running %d account(s)%s; gained %s, handed over %s", len(target),
-                 " (leader)" if leader else "", _ids(sorted(target - before)), _ids(sorted(before - target)))
+        log.info("membership: running %d account(s); gained %s, handed over %s", len(target),
+                 _ids(sorted(target - before)), _ids(sorted(before - target)))
 
     def _run_plan(self, plan: Plan) -> None:
         # Stopped first: a changed account's old socket hands its chat over and

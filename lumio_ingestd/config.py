@@ -1150,8 +1150,6 @@ class Config:
     #: With `shard = auto`: the accounts this replica holds now (set by the
     #: daemon from its membership, never read from a file); None = by INDEX/COUNT.
     owned: frozenset[int] | None = None
-    #: With `shard = auto`: this replica is the first live one (see `leads`).
-    leader: bool = False
 
     def owns(self, account_id: int) -> bool:
         """Whether this replica runs the account's sources."""
@@ -1163,10 +1161,12 @@ class Config:
 
     @property
     def leads(self) -> bool:
-        """Whether this replica runs the one-per-deployment workers that have no lease of their own."""
-        if self.daemon.shard_auto:
-            return self.owned is not None and self.leader
-        return self.daemon.shard_index == 0
+        """Whether this replica builds the one-per-deployment workers (Kick subscriptions).
+
+        Replica 0 with INDEX/COUNT; every replica with `auto`, where a lease
+        decides which one runs them (lease.LeaseGated).
+        """
+        return self.daemon.shard_auto or self.daemon.shard_index == 0
 
 
 # Section name -> the dataclass built from it; Config has one attribute per fixed section.

@@ -92,6 +92,7 @@ class Membership(Worker):
         self._running: frozenset[int] = frozenset()
         self._target: frozenset[int] | None = None
         self._live: tuple[str, ...] = ()
+        self._announced = False
 
     # -- read by the main thread and the flusher ---------------------------------------
 
@@ -103,11 +104,6 @@ class Membership(Worker):
         """The accounts to run now (None until the first turn finished)."""
         with self._lock:
             return self._target
-
-    def leader(self) -> bool:
-        """The first live instance by name runs the one-per-deployment workers."""
-        with self._lock:
-            return bool(self._live) and self._live[0] == self.instance
 
     def live(self) -> tuple[str, ...]:
         with self._lock:
@@ -149,7 +145,8 @@ class Membership(Worker):
             self._live = tuple(live)
         if changed_live:
             log.info("membership: live instances %s", ", ".join(live))
-        if self.turns == 0 and previous is None:
+        if not self._announced:
+            self._announced = True
             # The first turn only announces this replica: replicas started together
             # see each other before any takes an account, instead of handing over.
             return self.interval_secs

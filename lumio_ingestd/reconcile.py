@@ -145,8 +145,8 @@ class AccountWorkers:
     # -- reload ------------------------------------------------------------------
 
     def plan(self, new_cfg: Config) -> Plan:
-        """What moving to `new_cfg` (its accounts, and with `shard = auto` its owned
-        accounts and leadership) stops and starts: built, not started."""
+        """What moving to `new_cfg` (its accounts, and with `shard = auto` the accounts
+        it owns) stops and starts: built, not started."""
         assert self.cfg is not None, "initial() first"
         old_cfg = self.cfg
         old = {a.account_id: a for a in old_cfg.accounts}
@@ -154,7 +154,7 @@ class AccountWorkers:
         plan = Plan(added=sorted(set(new) - set(old)), removed=sorted(set(old) - set(new)),
                     changed=sorted(i for i in set(old) & set(new)
                                    if old[i] != new[i] or old_cfg.owns(i) != new_cfg.owns(i)))
-        if not (plan.added or plan.removed or plan.changed) and old_cfg.leads == new_cfg.leads:
+        if not (plan.added or plan.removed or plan.changed):
             return plan
         scratch = Metrics()
         touched: set[str] = set()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 CHAT_DRAIN_LEADER = "lumio:chat:deadletter:drain:leader"
 EVENTS_DRAIN_LEADER = "lumio:events:deadletter:drain:leader"
+#: `shard = auto`: the replica that keeps Kick's webhook subscriptions in line.
+KICK_SUBSCRIPTIONS_LEADER = "lumio:kick:subscriptions:leader"
 
 
 def chat_buffer(account_id: int) -> str:
