@@ -11,8 +11,9 @@ accounts it gains or loses.
 The hand-over goes through one key per account, `lumio:owner:{ACCOUNT}`,
 holding the owner's instance id with the heartbeat's TTL:
 
-- an account is started only after this replica SET it NX (so never while the
-  previous owner still holds it);
+- an account is started only after this replica took the key (free, or held
+  under its own instance id by a dead previous process), so never while the
+  previous owner still holds it;
 - an account that moves away is stopped first (its sources hand their memory
   to Redis), and its key is deleted only then (`settled()`), compare-and-delete;
 - the keys of the accounts held are renewed every turn; a dead replica's keys
@@ -46,6 +47,17 @@ _INSTANCE_PREFIX = "lumio:instance:"
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# Free, or held under this instance id by a previous process of the same name
+# (ids are unique among running processes, so that one is dead).
+_TAKE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return 1
 end
 return 0
 """
@@ -87,6 +99,7 @@ class Membership(Worker):
         self._heartbeat = Heartbeat(client, instance, ttl_secs, metrics)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._take = client.register_script(_TAKE)
         self._lock = threading.Lock()
         self._accounts: frozenset[int] = frozenset()
         self._running: frozenset[int] = frozenset()
@@ -157,13 +170,13 @@ class Membership(Worker):
                 if not self._renew(keys=[rediskeys.account_owner(a)], args=[self.instance, ttl_ms])}
         acquired = set()
         for account in sorted(desired - held):
-            if self._client.set(rediskeys.account_owner(account), self.instance, nx=True, px=int(ttl_ms)):
+            if self._take(keys=[rediskeys.account_owner(account)], args=[self.instance, ttl_ms]):
                 acquired.add(account)
         if lost & desired:
             log.warning("membership: the ownership of account(s) %s lapsed; taken again if free",
                         ", ".join(str(a) for a in sorted(lost & desired)))
             for account in sorted(lost & desired):
-                if self._client.set(rediskeys.account_owner(account), self.instance, nx=True, px=int(ttl_ms)):
+                if self._take(keys=[rediskeys.account_owner(account)], args=[self.instance, ttl_ms]):
                     acquired.add(account)
         target = frozenset(((held & desired) - lost) | acquired)
         # Held but no longer desired: kept (and renewed) until the main thread stopped them.
