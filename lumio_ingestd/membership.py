@@ -132,6 +132,7 @@ class Membership(Worker):
         """The main thread now runs `running`; `released` were stopped: free their keys."""
         with self._lock:
             self._running = running
+        self.metrics.membership_accounts.set(len(running))
         self._free(released)
 
     def release_all(self) -> None:
@@ -182,6 +183,7 @@ class Membership(Worker):
         # Held but no longer desired: kept (and renewed) until the main thread stopped them.
         with self._lock:
             self._target = target
+        self.metrics.membership_instances.set(len(live))
         if target != previous or changed_live:
             self.on_change()
         return self.interval_secs
