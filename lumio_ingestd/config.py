@@ -737,6 +737,9 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "Longest wait for the answer to one Redis command, in seconds."),
     _s("redis", "connect_timeout_secs", "2", _SECONDS,
        "Longest wait for a connection to Redis, in seconds."),
+    _s("redis", "cluster", "false", _Bool(),
+       "true: url names one node of a Redis Cluster; the client finds the others, follows "
+       "MOVED and failovers. Every multi-key operation stays within one account's {ACCOUNT} slot."),
     # [timescale]
     _s("timescale", "dsn", "postgresql://lumio@127.0.0.1:5432/lumio", _Dsn(),
        "The database, as a libpq URI: postgresql://USER@HOST:PORT/DBNAME?PARAM=VALUE. "
@@ -1000,6 +1003,7 @@ class RedisConfig:
     password: Secret | None = None
     socket_timeout_secs: float = _default("redis", "socket_timeout_secs")
     connect_timeout_secs: float = _default("redis", "connect_timeout_secs")
+    cluster: bool = _default("redis", "cluster")
 
     def __repr__(self) -> str:
         return _redacting_repr(self, "url")

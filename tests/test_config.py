@@ -96,7 +96,7 @@ EXPECTED_DEFAULTS: dict[str, dict[str, object]] = {
     },
     "redis": {
         "url": "redis://127.0.0.1:6379/0", "password": None, "socket_timeout_secs": 2.0,
-        "connect_timeout_secs": 2.0,
+        "connect_timeout_secs": 2.0, "cluster": False,
     },
     "timescale": {
         "dsn": "postgresql://lumio@127.0.0.1:5432/lumio", "password": None, "pool_size": 5,
