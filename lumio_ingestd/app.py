@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -43,11 +43,13 @@ from . import exitcodes
 from .config import Config, ConfigError, redacted_lines
 from .health import HealthProbe, ReadinessProbe, Watchdog
 from .httpserver import HttpServer, Request, Response, Routes
-from .lease import Lease
+from .lease import Lease, LeaseGated
 from .localstate import LocalState
 from .logs import set_level
+from .membership import Membership
 from .metrics import Metrics
 from .metrics_server import MetricsServer
+from .reconcile import AccountParts, AccountWorkers, Plan, stop_workers
 from .sdnotify import Notifier, watchdog_interval
 from .shutdown import Shutdown, ShutdownReport, Stage
 from .signals import RELOAD_SIGNALS, STOP_SIGNALS, SignalQueue
@@ -62,10 +64,12 @@ log = logging.getLogger("lumio_ingestd.app")
 HTTP_GRACE_SECS = 5.0
 SOURCES_GRACE_SECS = 5.0
 FINAL_FLUSH_SECS = 3.0
+#: `shard = auto`: the lease of the Kick subscriptions worker (a dead holder's lapses within it).
+KICK_LEASE_TTL_SECS = 30.0
 #: How often the spool is replayed while it holds anything.
 SPOOL_REPLAY_INTERVAL_SECS = 5.0
-#: Keys SIGHUP applies at once; every other change waits for a restart.
-LIVE_KEYS = frozenset({"daemon.log_level"})
+#: Keys SIGHUP applies at once (and every account key); every other change waits for a restart.
+LIVE_KEYS = frozenset({"daemon.log_level", "daemon.accounts_dir"})
 
 _LOOP_SECS = 0.5  # the supervisor's turn (and the longest it takes to see a signal)
 _STATUS_EVERY_SECS = 2.0
@@ -97,6 +101,10 @@ class Parts:
     flusher: Worker | None = None
     routes: Routes = field(default_factory=Routes)
     probe: ReadinessProbe | None = None
+    #: The account-dependent workers and routes, which SIGHUP reconciles (reconcile.py).
+    accounts: AccountWorkers | None = None
+    #: `shard = auto` only: the live replicas and the accounts this one runs.
+    membership: Membership | None = None
     #: Closed in this order after the shutdown stages, each with its name for the log.
     closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
 
@@ -138,9 +146,10 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     """Make and wire every part of the daemon. Contacts no server (no reachability gate)
     but for one bounded Redis call: the instance claim (`_claim_instance`)."""
     # Imported here so that the runtime above stays importable on its own.
+    from . import rediskeys
     from .alerts import STREAM_PATH, AlertPublisher, stream_handler
     from .chat.deadletter import ChatDeadLetterDrain
-    from .chat.flusher import ChatFlusher
+    from .chat.flusher import ChatFlusher, default_heartbeat_ttl
     from .chat.ingest import ChatIngest, ChatQueue, chat_spool_handler
     from .db.pool import Pool
     from .emit import MAX_BODY_BYTES as EMIT_MAX_BODY
@@ -212,41 +221,78 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     # Live alerts (issue 6): Redis PUBLISH on its own thread, SSE clients on the HTTP port.
     alerts = AlertPublisher(client, metrics)
     sessions = StreamSessions(pool, metrics)
-    twitch = build_twitch(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "twitch"),
-                          chat_queue=lambda name: ChatQueue(chat, metrics),
-                          chat=chat.buffer_or_persist, persist_event=events.persist_event,
-                          alerts=alerts, held=HeldGifts(client, cfg.daemon.instance_id))
-    parts.sources += twitch.sources
-    twitch.add_routes(parts.routes)
-    # StreamElements tips and activities (issue 13): one Astro socket per account.
-    parts.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
-                                          alerts=alerts)
-    # Kick (issue 12): a Pusher source per account of this shard; the webhook route always.
-    kick = build_kick(cfg, metrics, sessions=sessions, seen=SeenDeliveries(client, "kick"),
-                      chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
-                      persist_event=events.persist_event, alerts=alerts, key=kick_key)
-    parts.sources += kick.sources
-    kick.add_routes(parts.routes)
+    twitch_seen = SeenDeliveries(client, "twitch")
+    kick_seen = SeenDeliveries(client, "kick")
+    held = HeldGifts(client, cfg.daemon.instance_id)
+    # Refused frames keep their raw bytes (RELIABILITY.md B17).
+    frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
+
+    def account_parts(cfg: Config, metrics: Metrics) -> AccountParts:
+        """Everything made from cfg.accounts; run again on SIGHUP (see reconcile.py)."""
+        out = AccountParts()
+        twitch = build_twitch(cfg, metrics, sessions=sessions, seen=twitch_seen,
+                              chat_queue=lambda name: ChatQueue(chat, metrics),
+                              chat=chat.buffer_or_persist, persist_event=events.persist_event,
+                              alerts=alerts, held=held)
+        out.sources += twitch.sources
+        twitch.add_routes(out.routes)
+        # StreamElements tips and activities (issue 13): one Astro socket per account.
+        out.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
+                                            alerts=alerts)
+        # Kick (issue 12): a Pusher source per account of this shard; the webhook route always.
+        kick = build_kick(cfg, metrics, sessions=sessions, seen=kick_seen,
+                          chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
+                          persist_event=events.persist_event, alerts=alerts, key=kick_key)
+        out.sources += kick.sources
+        kick.add_routes(out.routes)
+        # Bluesky records (issue 7); posts go out as `bluesky.post` alerts.
+        jetstream = build_jetstream(cfg, metrics, pool=pool, alerts=alerts)
+        if jetstream is not None:
+            out.sources.append(jetstream)
+        # 7TV emote-set changes (issue 14): EventAPI sockets, healed through the REST API.
+        seventv = build_seventv(cfg, metrics, store=SetStateStore(pool), persist_event=events.persist_event,
+                                alerts=alerts)
+        if seventv is not None:
+            out.sources.append(seventv)
+        for source in out.sources:
+            if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
+                source.frame_quarantine = frames
+        if twitch.webhook is not None:
+            twitch.webhook.frame_quarantine = frames
+        if kick.subscriptions is not None:
+            # With `shard = auto` every replica builds it and a lease picks the one that runs it.
+            out.timers.append(LeaseGated(kick.subscriptions, Lease(
+                client, rediskeys.KICK_SUBSCRIPTIONS_LEADER, KICK_LEASE_TTL_SECS, metrics,
+                owner=cfg.daemon.instance_id), KICK_LEASE_TTL_SECS)
+                if cfg.daemon.shard_auto else kick.subscriptions)
+        # Stream status (issue 15): live status and viewer statistics, a timer whose
+        # final() writes the current minute's window within the shutdown budget.
+        poller = build_stream_status(cfg, metrics, sink=EventSink(events.persist_event, alerts=alerts,
+                                                                  sessions=sessions),
+                                     stats=stats, sessions=sessions)
+        if poller is not None:
+            out.timers.append(poller)
+        return out
+
+    parts.accounts = AccountWorkers(account_parts, metrics)
+    heartbeat_ttl = default_heartbeat_ttl(cfg)
+    if cfg.daemon.shard_auto:
+        # Nothing runs until the membership's first turn hands accounts out.
+        parts.membership = Membership(client, cfg.daemon.instance_id, heartbeat_ttl, metrics)
+        parts.membership.set_accounts(a.account_id for a in cfg.accounts)
+        initial = parts.accounts.initial(replace(cfg, owned=frozenset()))
+    else:
+        initial = parts.accounts.initial(cfg)
+    for source in parts.sources:  # the synthetic source, built above
+        if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
+            source.frame_quarantine = frames
+    parts.sources += initial.sources
+    parts.accounts.add_routes(parts.routes)
     parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
                                                      metrics), max_body_bytes=EMIT_MAX_BODY)
     parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))
-    # Bluesky records (issue 7); posts go out as `bluesky.post` alerts.
-    jetstream = build_jetstream(cfg, metrics, pool=pool, alerts=alerts)
-    if jetstream is not None:
-        parts.sources.append(jetstream)
-    # 7TV emote-set changes (issue 14): EventAPI sockets, healed through the REST API.
-    seventv = build_seventv(cfg, metrics, store=SetStateStore(pool), persist_event=events.persist_event,
-                            alerts=alerts)
-    if seventv is not None:
-        parts.sources.append(seventv)
-    # Refused frames keep their raw bytes (RELIABILITY.md B17).
-    frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
-    for source in parts.sources:
-        if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
-            source.frame_quarantine = frames
-    if twitch.webhook is not None:
-        twitch.webhook.frame_quarantine = frames
-    parts.flusher = ChatFlusher(client, pool, metrics, cfg)
+    parts.flusher = ChatFlusher(client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
+                                owns=parts.membership.flushes if parts.membership is not None else None)
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
         EventRetryWorker(client, pool, metrics, cfg, records=records),
@@ -255,15 +301,9 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         RetentionWorker(pool, cfg, metrics),
         StartupBackfill(cfg, metrics),
     ]
-    if kick.subscriptions is not None:
-        parts.timers.append(kick.subscriptions)
-    # Stream status (issue 15): live status and viewer statistics, a timer whose
-    # final() writes the current minute's window within the shutdown budget.
-    poller = build_stream_status(cfg, metrics, sink=EventSink(events.persist_event, alerts=alerts,
-                                                              sessions=sessions),
-                                 stats=stats, sessions=sessions)
-    if poller is not None:
-        parts.timers.append(poller)
+    parts.timers += initial.timers
+    if parts.membership is not None:
+        parts.timers.append(parts.membership)
     parts.probe = ReadinessProbe(client, pool, metrics)
     return parts
 
@@ -278,6 +318,8 @@ class _Supervised:
     started_at: float = 0.0
     restart_at: float | None = None
     backoff: float = 0.0
+    #: Stopped for good by a reload; dropped once its thread has ended.
+    retired: bool = False
 
 
 class Supervisor:
@@ -301,6 +343,20 @@ class Supervisor:
     def add(self, worker: Worker, role: Role) -> None:
         self._entries.append(_Supervised(worker, role))
 
+    def add_started(self, worker: Worker, role: Role) -> None:
+        """Add a worker while the others run (a reload's new account worker) and start it."""
+        entry = _Supervised(worker, role)
+        self._entries.append(entry)
+        worker.start()
+        entry.started_at = self._clock()
+
+    def retire(self, worker: Worker) -> None:
+        """Forget a worker a reload stopped; one still finishing stays listed until it ends."""
+        for entry in self._entries:
+            if entry.worker is worker:
+                entry.retired = True
+        self._entries = [e for e in self._entries if not (e.retired and not e.worker.alive)]
+
     def workers(self, *roles: Role) -> list[Worker]:
         return [e.worker for e in self._entries if not roles or e.role in roles]
 
@@ -315,6 +371,8 @@ class Supervisor:
     def check(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
         self.last_check = now
+        if any(e.retired for e in self._entries):
+            self._entries = [e for e in self._entries if not (e.retired and not e.worker.alive)]
         for entry in self._entries:
             worker = entry.worker
             if worker.alive or worker.stopping:
@@ -460,6 +518,8 @@ class App:
                                      lambda: self.supervisor.workers(), self._supervisor_problem)
             sup.add(self.watchdog, Role.RUNTIME)
             log.info("systemd watchdog: petting every %.2fs", interval)
+        if parts.membership is not None:
+            parts.membership.on_change = self.signals.wake
         sup.start_all()
 
     def _requested(self, which: str) -> tuple[str, int]:
@@ -487,6 +547,7 @@ class App:
                     return
                 if signum in RELOAD_SIGNALS:
                     self._reload_config()
+            self._follow_membership()
             self.supervisor.check()
             now = time.monotonic()
             if now - self._status_at >= _STATUS_EVERY_SECS:
@@ -525,13 +586,89 @@ class App:
         try:
             new = self._reload()
         except ConfigError as exc:
+            self.metrics.config_reloads.labels("refused").inc()
             log.error("reload: the configuration has %d problem(s); keeping the running one: %s",
                       len(exc.problems), "; ".join(str(p) for p in exc.problems))
         except Exception:
+            self.metrics.config_reloads.labels("refused").inc()
             log.exception("reload failed; keeping the running configuration")
         else:
-            self._apply(new)
+            if self._reconcile(new):
+                self._apply(new)
+                self.metrics.config_reloads.labels("applied").inc()
+            else:
+                self.metrics.config_reloads.labels("refused").inc()
         self.notifier.notify("READY=1", f"STATUS={self._status()}")
+
+    def _reconcile(self, new: Config) -> bool:
+        """Move the account workers to `new.accounts`; False (nothing changed) if they cannot be built."""
+        accounts = self.parts.accounts if self.parts is not None else None
+        if accounts is None:
+            return True
+        current = accounts.cfg if accounts.cfg is not None else self._boot_cfg
+        # The fixed sections stay as they were at boot (they need a restart).
+        wanted = replace(self._boot_cfg, daemon=replace(self._boot_cfg.daemon,
+                                                        accounts_dir=new.daemon.accounts_dir),
+                         accounts=new.accounts, owned=current.owned)
+        try:
+            plan = accounts.plan(wanted)
+        except Exception:
+            log.exception("reload: the accounts could not be built; keeping the running configuration")
+            return False
+        membership = self.parts.membership if self.parts is not None else None
+        if membership is not None:
+            membership.set_accounts(a.account_id for a in new.accounts)
+        if plan.empty:
+            return True
+        self._run_plan(plan)
+        accounts.commit(plan, wanted)
+        log.info("reload: accounts added %s, removed %s, changed %s; %d worker(s) stopped, %d started, "
+                 "%d kept running", _ids(plan.added), _ids(plan.removed), _ids(plan.changed),
+                 len(plan.stop), len(plan.start), plan.kept)
+        return True
+
+    def _follow_membership(self) -> None:
+        """`shard = auto`: run the accounts the membership hands this replica (stop before start)."""
+        parts = self.parts
+        if parts is None or parts.membership is None or parts.accounts is None or parts.accounts.cfg is None:
+            return
+        membership, accounts = parts.membership, parts.accounts
+        target = membership.target()
+        current = accounts.cfg
+        assert current is not None
+        if target is None:
+            return
+        if target == current.owned:
+            return
+        wanted = replace(current, owned=target)
+        try:
+            plan = accounts.plan(wanted)
+        except Exception:
+            log.exception("membership: the accounts could not be built; trying again next turn")
+            return
+        before = current.owned or frozenset()
+        self._run_plan(plan)
+        accounts.commit(plan, wanted)
+        membership.settled(target, released=before - target)
+        log.info("membership: running %d account(s); gained %s, handed over %s", len(target),
+                 _ids(sorted(target - before)), _ids(sorted(before - target)))
+
+    def _run_plan(self, plan: Plan) -> None:
+        # Stopped first: a changed account's old socket hands its chat over and
+        # closes before the new one connects.
+        late = stop_workers(plan.stop, SOURCES_GRACE_SECS)
+        if late:
+            log.error("reload: %s did not stop within %.0fs; starting their replacements anyway",
+                      ", ".join(late), SOURCES_GRACE_SECS)
+        for worker in plan.stop:
+            self.supervisor.retire(worker)
+        self.metrics.account_workers_reconciled.labels("stopped").inc(len(plan.stop))
+        for worker, kind in plan.start:
+            try:
+                self.supervisor.add_started(worker, Role.SOURCE if kind == "source" else Role.TIMER)
+            except Exception:
+                log.exception("reload: worker %s could not be started", worker.name)
+        self.metrics.account_workers_reconciled.labels("started").inc(len(plan.start))
 
     def _apply(self, new: Config) -> None:
         running = _settings(self.cfg)
@@ -539,12 +676,12 @@ class App:
         wanted = _settings(new)
         applied: list[str] = []
         for key, value in wanted.items():
-            if key in LIVE_KEYS and running.get(key) != value:
+            if key in LIVE_KEYS and not key.startswith("account.") and running.get(key) != value:
                 applied.append(f"{key} = {value}")
         if new.daemon.log_level != self.cfg.daemon.log_level:
             set_level(new.daemon.log_level)
         restart = sorted(k for k in set(boot) | set(wanted)
-                         if k not in LIVE_KEYS and boot.get(k) != wanted.get(k))
+                         if not _live(k) and boot.get(k) != wanted.get(k))
         self.cfg = new
         if applied:
             log.info("reload: applied %s", ", ".join(applied))
@@ -660,6 +797,12 @@ class App:
         return stages
 
     def _release_leases(self) -> None:
+        if self.parts is not None and self.parts.membership is not None:
+            # After the sources stopped: the next owners may start them now.
+            self.parts.membership.release_all()
+        self._release_drain_leases()
+
+    def _release_drain_leases(self) -> None:
         # The drains release their own lease in final(); this covers a drain
         # that did not stop in time (the process exits under it anyway).
         for worker in self.supervisor.workers():
@@ -717,6 +860,14 @@ def _settings(cfg: Config) -> dict[str, str]:
         key, _, value = line.partition(" =")
         out[key] = value.strip()
     return out
+
+
+def _live(key: str) -> bool:
+    return key in LIVE_KEYS or key.startswith("account.")
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids) if ids else "none"
 
 
 def _fmt(address: tuple[str, int] | None) -> str:

@@ -321,19 +321,21 @@ _SHARD = re.compile(r"([0-9]{1,6})/([0-9]{1,6})")
 
 @dataclass(frozen=True, slots=True)
 class _Shard(_Kind):
-    """INDEX/COUNT -> (index, count)."""
+    """INDEX/COUNT -> (index, count, False); `auto` -> (0, 1, True)."""
 
-    def parse(self, raw: str, ctx: _Context) -> tuple[int, int]:
+    def parse(self, raw: str, ctx: _Context) -> tuple[int, int, bool]:
+        if raw == "auto":
+            return 0, 1, True
         m = _SHARD.fullmatch(raw)
         if m:
             index, count = int(m.group(1)), int(m.group(2))
             if 0 <= index < count:
-                return index, count
-        raise _Invalid(f'expected INDEX/COUNT with 0 <= INDEX < COUNT, like "0/1", {_got(raw)}')
+                return index, count, False
+        raise _Invalid(f'expected INDEX/COUNT with 0 <= INDEX < COUNT, like "0/1", or auto, {_got(raw)}')
 
     def render(self, value: Any) -> str:
-        index, count = value
-        return f"{index}/{count}"
+        index, count, auto = value
+        return "auto" if auto else f"{index}/{count}"
 
 
 _HOSTNAME = re.compile(
@@ -710,8 +712,14 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "Lowest level that is logged: debug, info, warning or error."),
     _s("daemon", "shard", "0/1", _Shard(),
        "This replica's share of the accounts, as INDEX/COUNT: the replica's index "
-       "(from 0) and the number of replicas. 0/1 = a single replica.",
-       fields=("shard_index", "shard_count")),
+       "(from 0) and the number of replicas. 0/1 = a single replica. auto = the live "
+       "replicas (their lumio:instance heartbeats) split the accounts among themselves "
+       "by rendezvous hashing, and move them when one stops, dies or joins.",
+       fields=("shard_index", "shard_count", "shard_auto")),
+    _s("daemon", "accounts_dir", "/etc/lumio/accounts.d", _AbsPath(),
+       "Directory whose *.ini files may hold more [account.N] sections (and nothing else); "
+       "a missing directory holds none. Read at start and again on SIGHUP, which starts, "
+       "stops and restarts the sources of the accounts added, removed and changed."),
     _s("daemon", "spool_max_bytes", "1073741824", _Int(1),
        "Largest size of the local spool, which holds chat and events while Redis "
        "and the database are both down, in bytes."),
@@ -729,6 +737,9 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "Longest wait for the answer to one Redis command, in seconds."),
     _s("redis", "connect_timeout_secs", "2", _SECONDS,
        "Longest wait for a connection to Redis, in seconds."),
+    _s("redis", "cluster", "false", _Bool(),
+       "true: url names one node of a Redis Cluster; the client finds the others, follows "
+       "MOVED and failovers. Every multi-key operation stays within one account's {ACCOUNT} slot."),
     # [timescale]
     _s("timescale", "dsn", "postgresql://lumio@127.0.0.1:5432/lumio", _Dsn(),
        "The database, as a libpq URI: postgresql://USER@HOST:PORT/DBNAME?PARAM=VALUE. "
@@ -971,6 +982,8 @@ class DaemonConfig:
     log_level: str = _default("daemon", "log_level")
     shard_index: int = _default("daemon", "shard")[0]
     shard_count: int = _default("daemon", "shard")[1]
+    shard_auto: bool = _default("daemon", "shard")[2]
+    accounts_dir: Path = _default("daemon", "accounts_dir")
     spool_max_bytes: int = _default("daemon", "spool_max_bytes")
     shutdown_timeout_secs: float = _default("daemon", "shutdown_timeout_secs")
 
@@ -990,6 +1003,7 @@ class RedisConfig:
     password: Secret | None = None
     socket_timeout_secs: float = _default("redis", "socket_timeout_secs")
     connect_timeout_secs: float = _default("redis", "connect_timeout_secs")
+    cluster: bool = _default("redis", "cluster")
 
     def __repr__(self) -> str:
         return _redacting_repr(self, "url")
@@ -1137,6 +1151,26 @@ class Config:
     streamstatus: StreamStatusConfig = field(default_factory=StreamStatusConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     accounts: tuple[AccountConfig, ...] = ()
+    #: With `shard = auto`: the accounts this replica holds now (set by the
+    #: daemon from its membership, never read from a file); None = by INDEX/COUNT.
+    owned: frozenset[int] | None = None
+
+    def owns(self, account_id: int) -> bool:
+        """Whether this replica runs the account's sources."""
+        if self.owned is not None:
+            return account_id in self.owned
+        if self.daemon.shard_auto:
+            return False  # nothing until the membership hands accounts out
+        return account_id % self.daemon.shard_count == self.daemon.shard_index
+
+    @property
+    def leads(self) -> bool:
+        """Whether this replica builds the one-per-deployment workers (Kick subscriptions).
+
+        Replica 0 with INDEX/COUNT; every replica with `auto`, where a lease
+        decides which one runs them (lease.LeaseGated).
+        """
+        return self.daemon.shard_auto or self.daemon.shard_index == 0
 
 
 # Section name -> the dataclass built from it; Config has one attribute per fixed section.
@@ -1316,8 +1350,12 @@ def load(path: str, environ: Mapping[str, str]) -> Config:
         if name not in sections:
             sections[name] = _parse_section(path, name, name, (), ctx, problems)
 
+    origins = {a.account_id: path for a in accounts}
+    daemon = sections.get("daemon")
+    if daemon is not None:
+        accounts += _load_accounts_dir(daemon["accounts_dir"], origins, ctx, problems)
     accounts.sort(key=lambda a: a.account_id)
-    _check_across(path, sections, accounts, problems)
+    _check_across(path, sections, accounts, problems, origins)
     if problems:
         raise ConfigError(problems)
     built = {name: _SECTION_CLASSES[name](**values) for name, values in sections.items() if values}
@@ -1329,8 +1367,9 @@ def _check_across(
     sections: Mapping[str, Mapping[str, Any] | None],
     accounts: list[AccountConfig],
     problems: list[ConfigProblem],
+    origins: Mapping[int, str] | None = None,
 ) -> None:
-    """Rules that involve more than one key."""
+    """Rules that involve more than one key (an account's problem names its own file)."""
     for section, url_key in (("redis", "url"), ("timescale", "dsn")):
         values = sections.get(section)
         if values and values["password"] is not None and _url_has_password(values[url_key]):
@@ -1341,10 +1380,11 @@ def _check_across(
     owners: dict[tuple[str, str], int] = {}
     for account in accounts:
         section = f"account.{account.account_id}"
+        where = (origins or {}).get(account.account_id, path)
         for needs, key in (("twitch_token_file", "twitch_user_id"),
                            ("streamelements_token_file", "streamelements_channel_id")):
             if getattr(account, needs) is not None and getattr(account, key) is None:
-                problems.append(ConfigProblem(path, section, needs, f"is set but {key} is not"))
+                problems.append(ConfigProblem(where, section, needs, f"is set but {key} is not"))
         for key in ("twitch_user_id", "bluesky_did", "kick_broadcaster_user_id", "kick_chatroom_id",
                     "kick_channel_id", "streamelements_channel_id", "seventv_emote_set_id"):
             value = getattr(account, key)
@@ -1353,8 +1393,56 @@ def _check_across(
             first = owners.setdefault((key, value), account.account_id)
             if first != account.account_id:
                 problems.append(
-                    ConfigProblem(path, section, key, f'"{value}" is also the {key} of [account.{first}]')
+                    ConfigProblem(where, section, key, f'"{value}" is also the {key} of [account.{first}]'
+                                  + _in_file(origins, first, where))
                 )
+
+
+def _in_file(origins: Mapping[int, str] | None, account_id: int, here: str) -> str:
+    there = (origins or {}).get(account_id)
+    return f" in {there}" if there is not None and there != here else ""
+
+
+def _load_accounts_dir(directory: Path, origins: dict[int, str], ctx: _Context,
+                       problems: list[ConfigProblem]) -> list[AccountConfig]:
+    """The [account.N] sections of every *.ini in `directory` (missing: none).
+
+    `origins` (account id -> file) gains each account read; an id already there
+    is a problem naming both files.
+    """
+    try:
+        files = sorted(p for p in directory.iterdir() if p.name.endswith(".ini") and p.is_file())
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        problems.append(ConfigProblem(str(directory), "", "", f"[daemon] accounts_dir: cannot list: {why}"))
+        return []
+    accounts: list[AccountConfig] = []
+    for file in files:
+        name = str(file)
+        parser = _read(name, problems)
+        if parser is None:
+            continue
+        if parser.defaults():
+            problems.append(ConfigProblem(name, parser.default_section, "", _unknown_section("DEFAULT")))
+        for section in parser.sections():
+            match = _ACCOUNT_NAME.fullmatch(section)
+            if match is None or int(match.group(1)) >= 2**63:
+                hint = ("only [account.N] sections belong in accounts_dir" if section in _BY_SECTION
+                        else _unknown_section(section))
+                problems.append(ConfigProblem(name, section, "", hint))
+                continue
+            account_id = int(match.group(1))
+            values = _parse_section(name, section, ACCOUNT_SECTION, parser.items(section, raw=True), ctx,
+                                    problems)
+            first = origins.setdefault(account_id, name)
+            if first != name:
+                problems.append(ConfigProblem(name, section, "", f"[account.{account_id}] is also in {first}"
+                                              " (an account is configured once)"))
+            elif values is not None:
+                accounts.append(AccountConfig(account_id=account_id, **values))
+    return accounts
 
 
 # ---------------------------------------------------------------------------

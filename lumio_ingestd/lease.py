@@ -18,6 +18,7 @@ import redis
 
 from .metrics import Metrics
 from .redisclient import REDIS_ERRORS
+from .worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +114,43 @@ class Lease:
         self._token = None
         self._expires_at = 0.0
         return False
+
+
+class LeaseGated(Worker):
+    """Runs another worker's turns only while this replica holds `lease`.
+
+    For a one-per-deployment worker that has no lease of its own when the
+    replicas are not numbered (`shard = auto`): every replica builds it, the
+    lease holder runs it. The lease is renewed every `ttl / 3` however long
+    the inner worker's interval, so a dead holder's lease lapses within its TTL.
+    """
+
+    def __init__(self, inner: Worker, lease: Lease, ttl_secs: float, *, retry_secs: float = 5.0) -> None:
+        super().__init__(inner.name, inner.metrics, role=inner.role)
+        self.inner = inner
+        self.lease = lease
+        self._check_secs = max(0.1, ttl_secs / 3)
+        self._retry_secs = retry_secs
+        self._due = 0.0
+        # The inner worker's waits and checks follow this thread's stop request.
+        inner.stop_event = self.stop_event
+
+    def run_once(self) -> float:
+        if not self.lease.acquire():
+            self._due = 0.0  # taken over: run at once when it comes back
+            return self._retry_secs
+        now = time.monotonic()
+        if now >= self._due:
+            self._due = now + self.inner.run_once()
+        return max(0.0, min(self._due - time.monotonic(), self._check_secs))
+
+    def wake(self) -> None:
+        self.inner.wake()
+
+    def final(self) -> None:
+        try:
+            if self.lease.held:
+                self.inner.final()
+        finally:
+            self.lease.release()
+

@@ -317,3 +317,14 @@ class Metrics:
         self.worker_restarts = Counter(
             "worker_restarts", "Workers restarted by the supervisor after they died", ["worker"],
             registry=r)
+        self.config_reloads = Counter(
+            "config_reloads", "SIGHUP reloads: applied, or refused (the configuration had problems, "
+            "or the accounts could not be built; nothing changed)", ["result"], registry=r)
+        self.membership_instances = Gauge(
+            "membership_instances", "shard = auto: live instances this replica saw at its last turn",
+            registry=r)
+        self.membership_accounts = Gauge(
+            "membership_accounts", "shard = auto: accounts this replica runs now", registry=r)
+        self.account_workers_reconciled = Counter(
+            "account_workers_reconciled", "Account workers a reload stopped (removed or changed "
+            "accounts) and started (added or changed accounts)", ["action"], registry=r)

@@ -8,7 +8,7 @@ insert, spool) instead of waiting inside redis-py's retry loop.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -25,6 +25,27 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError)
 
 
 def connect(cfg: RedisConfig) -> redis.Redis:
+    """The client of `[redis]`: one server, or with `cluster = true` a Redis Cluster client.
+
+    The cluster client is typed as redis.Redis for the callers: it answers the
+    same commands (scripts, pipelines without MULTI across slots, SCAN over
+    every primary), and every multi-key call here stays in one `{ACCOUNT}` slot.
+    """
+    if cfg.cluster:
+        from redis.cluster import RedisCluster
+
+        cluster = RedisCluster.from_url(
+            cfg.url,
+            password=cfg.password.reveal() if cfg.password is not None else None,
+            socket_timeout=cfg.socket_timeout_secs,
+            socket_connect_timeout=cfg.connect_timeout_secs,
+            socket_keepalive=True,
+            decode_responses=False,
+            # A failed node is dropped from the slot table and the table is
+            # re-read on the next call; a failover costs the calls in between.
+            retry=Retry(NoBackoff(), 0),
+        )
+        return cast(redis.Redis, cluster)
     return redis.Redis.from_url(
         cfg.url,
         password=cfg.password.reveal() if cfg.password is not None else None,

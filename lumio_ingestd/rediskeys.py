@@ -6,6 +6,8 @@ from __future__ import annotations
 
 CHAT_DRAIN_LEADER = "lumio:chat:deadletter:drain:leader"
 EVENTS_DRAIN_LEADER = "lumio:events:deadletter:drain:leader"
+#: `shard = auto`: the replica that keeps Kick's webhook subscriptions in line.
+KICK_SUBSCRIPTIONS_LEADER = "lumio:kick:subscriptions:leader"
 
 
 def chat_buffer(account_id: int) -> str:
@@ -53,6 +55,11 @@ def chat_claims(account_id: int) -> str:
 def instance_claim(instance: str) -> str:
     """The claim token of the one process running as `instance` (a string with a TTL)."""
     return f"lumio:claim:{instance}"
+
+
+def account_owner(account_id: int) -> str:
+    """`shard = auto`: the instance running the account's sources (membership.py)."""
+    return f"lumio:owner:{{{account_id}}}"
 
 
 def account_of(key: str) -> int:

@@ -91,11 +91,12 @@ EXPECTED_DEFAULTS: dict[str, dict[str, object]] = {
     # Written out by hand, not derived from SCHEMA: changing a default must break this.
     "daemon": {
         "state_dir": Path("/var/lib/lumio-ingestd"), "log_level": "info", "shard_index": 0, "shard_count": 1,
+        "accounts_dir": Path("/etc/lumio/accounts.d"), "shard_auto": False,
         "spool_max_bytes": 1073741824, "shutdown_timeout_secs": 8.0,
     },
     "redis": {
         "url": "redis://127.0.0.1:6379/0", "password": None, "socket_timeout_secs": 2.0,
-        "connect_timeout_secs": 2.0,
+        "connect_timeout_secs": 2.0, "cluster": False,
     },
     "timescale": {
         "dsn": "postgresql://lumio@127.0.0.1:5432/lumio", "password": None, "pool_size": 5,

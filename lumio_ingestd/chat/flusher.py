@@ -43,6 +43,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 
 import redis
 
@@ -75,7 +76,8 @@ class ChatFlusher(IntervalWorker):
                  instance: str | None = None, heartbeat_ttl_secs: float | None = None,
                  final_budget_secs: float = 3.0, batch_timeout_secs: float = 10.0,
                  pass_budget_secs: float = 10.0, failpoint: Failpoint = no_failpoint,
-                 claim_token: str = PROCESS_TOKEN, name: str = "chat-flush") -> None:
+                 claim_token: str = PROCESS_TOKEN, name: str = "chat-flush",
+                 owns: Callable[[int], bool] | None = None) -> None:
         super().__init__(name, metrics, cfg.chat.flush_interval_secs)
         self.instance = instance or cfg.daemon.instance_id
         self.final_budget_secs = final_budget_secs
@@ -92,6 +94,8 @@ class ChatFlusher(IntervalWorker):
         self._redis = Outage("Redis (chat flush)", log)
         self._db = Outage("database (chat flush)", log)
         self._backlog = False
+        # `shard = auto`: the membership's rendezvous decides (membership.py).
+        self._owns = owns
 
     # -- the worker --------------------------------------------------------------
 
@@ -117,6 +121,8 @@ class ChatFlusher(IntervalWorker):
             log.debug("chat flush: cannot delete the heartbeat: %s", describe_redis_error(exc))
 
     def owns(self, account: int) -> bool:
+        if self._owns is not None:
+            return self._owns(account)
         return account % self._cfg.daemon.shard_count == self._cfg.daemon.shard_index
 
     @property

@@ -114,6 +114,11 @@ class SourceState:
         self._last_error = " ".join(error.split())[:_MAX_ERROR_CHARS]
         self._last_error_at = self._clock()
 
+    def discard(self) -> None:
+        """The source was built but will never run (a reload's spare copy): uncount it."""
+        with self._lock:
+            self._metrics.source_state.labels(self._platform, self._state).dec()
+
     @property
     def state(self) -> str:
         with self._lock:

@@ -420,7 +420,13 @@ class AlertSink(Protocol):
 
 
 def cursor_name(cfg: Config) -> str:
-    """One cursor per shard: each shard asks for other DIDs, so one cursor cannot serve two."""
+    """One cursor per shard: each shard asks for other DIDs, so one cursor cannot serve two.
+
+    With `shard = auto` the DIDs follow the membership, so the cursor is this
+    instance's (an account that moves here starts at the new owner's cursor).
+    """
+    if cfg.daemon.shard_auto:
+        return f"auto-{cfg.daemon.instance_id}"
     index, count = cfg.daemon.shard_index, cfg.daemon.shard_count
     return "default" if count == 1 else f"shard-{index}-of-{count}"
 
@@ -437,9 +443,7 @@ def post_alert(account_id: int, payload: dict[str, Any]) -> PlatformEvent:
 def build_jetstream(cfg: Config, metrics: Metrics, *, pool: Pool,
                     alerts: AlertSink | None) -> JetstreamSource | None:
     """The source, when `[jetstream] collections` is set and an account of this shard has a DID."""
-    shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count
-    accounts = [a for a in cfg.accounts
-                if a.bluesky_did and a.account_id % shard_count == shard_index]
+    accounts = [a for a in cfg.accounts if a.bluesky_did and cfg.owns(a.account_id)]
     if not cfg.jetstream.collections or not accounts:
         return None
     on_post: OnPost | None = None

@@ -564,8 +564,7 @@ def build_stream_status(cfg: Config, metrics: Metrics, *, sink: EventSink, stats
                         sessions: OpenSessions | None) -> StreamStatusPoller | None:
     """The poller for the accounts of this shard, or None when no platform can be polled."""
     ss = cfg.streamstatus
-    index, count = cfg.daemon.shard_index, cfg.daemon.shard_count
-    mine = [a for a in cfg.accounts if a.account_id % count == index]
+    mine = [a for a in cfg.accounts if cfg.owns(a.account_id)]
     clients: list[tuple[StatusClient, dict[str, int]]] = []
     timeout = ss.request_timeout_secs
     if "twitch" in ss.platforms:

@@ -3,6 +3,7 @@
 Import as ``from harness import ...`` (tests/conftest.py puts tests/ on sys.path).
 """
 
+from .cluster import RedisClusterServers
 from .proxy import FaultProxy, FaultProxyFactory
 from .servers import (
     HarnessError,
@@ -22,6 +23,7 @@ __all__ = [
     "FaultProxyFactory",
     "HarnessError",
     "PostgresServer",
+    "RedisClusterServers",
     "RedisServer",
     "cleanup_all",
     "find_pg_bindir",

@@ -69,15 +69,14 @@ def build_kick(cfg: Config, metrics: Metrics, *, sessions: StreamSessions, seen:
     accounts = {a.kick_broadcaster_user_id: a.account_id for a in cfg.accounts if a.kick_broadcaster_user_id}
     parts.webhook = KickWebhook(key or webhook_key(cfg), accounts, sink, chat, seen, metrics,
                                 max_age_secs=cfg.kick.webhook_max_age_secs)
-    shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count
     for account in cfg.accounts:
-        if account.kick_chatroom_id is None or account.account_id % shard_count != shard_index:
+        if account.kick_chatroom_id is None or not cfg.owns(account.account_id):
             continue
         name = f"source-kick-{account.account_id}"
         parts.sources.append(KickSource(account, cfg.kick, chat_queue=chat_queue(name), sink=sink,
                                         metrics=metrics))
     if cfg.kick.manage_webhooks and cfg.kick.client_id and cfg.kick.client_secret is not None \
-            and shard_index == 0:
+            and cfg.leads:
         token = AppToken(cfg.kick.oauth_url.rstrip("/") + "/oauth/token", cfg.kick.client_id,
                          cfg.kick.client_secret)
         parts.subscriptions = KickSubscriptions(cfg.kick.api_url, token, set(accounts), metrics)

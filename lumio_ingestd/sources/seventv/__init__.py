@@ -28,12 +28,11 @@ from .source import SevenTvSocket, SevenTvSource
 
 
 def followed_accounts(cfg: Config) -> list[Followed]:
-    shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count
     return [Followed(a.account_id, twitch_user_id=a.twitch_user_id, pinned_set=a.seventv_emote_set_id,
                      user_id=a.seventv_user_id, user_configured=a.seventv_user_id is not None)
             for a in cfg.accounts
             if (a.seventv_user_id or a.seventv_emote_set_id or a.twitch_user_id)
-            and a.account_id % shard_count == shard_index]
+            and cfg.owns(a.account_id)]
 
 
 def build_seventv(cfg: Config, metrics: Metrics, *, store: StateStore,

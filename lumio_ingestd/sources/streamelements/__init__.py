@@ -27,12 +27,11 @@ def build_streamelements(cfg: Config, metrics: Metrics, *,
                          persist_event: Callable[[PlatformEvent], PersistResult],
                          alerts: Alerts | None) -> list[StreamElementsSource]:
     sink = EventSink(persist_event, alerts=alerts, sessions=None)
-    shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count
     sources: list[StreamElementsSource] = []
     for account in cfg.accounts:
         if not account.streamelements_channel_id or account.streamelements_token_file is None:
             continue
-        if account.account_id % shard_count != shard_index:
+        if not cfg.owns(account.account_id):
             continue
         sources.append(StreamElementsSource(account, cfg.streamelements, sink=sink, metrics=metrics))
     return sources

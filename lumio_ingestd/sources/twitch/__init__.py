@@ -53,11 +53,10 @@ def build_twitch(cfg: Config, metrics: Metrics, *, sessions: StreamSessions, see
     parts.webhook = TwitchWebhook(cfg.twitch.webhook_secret, accounts, sink, chat, seen, metrics)
     if not cfg.twitch.client_id:
         return parts
-    shard_index, shard_count = cfg.daemon.shard_index, cfg.daemon.shard_count
     for account in cfg.accounts:
         if account.twitch_user_id is None or account.twitch_token_file is None:
             continue
-        if account.account_id % shard_count != shard_index:
+        if not cfg.owns(account.account_id):
             continue
         tokens = TokenStore(account.twitch_token_file, cfg.twitch.oauth_url, cfg.twitch.client_id,
                             cfg.twitch.client_secret, metrics)
