@@ -107,7 +107,8 @@ def main() -> None:
             e2e = make_config(work, pg_url=pg.url("bench"), sections={
                 "jetstream": {"url": server.url, "collections": POST}, "account.1": {"bluesky_did": DID}})
             pool = Pool(e2e.timescale)
-            src = JetstreamSource(e2e.jetstream, e2e.accounts, pool, Metrics(), batch_max=args.batch)
+            src = JetstreamSource(e2e.jetstream, e2e.accounts, store.JetstreamStore(pool), Metrics(),
+                                  batch_max=args.batch)
             last = frames[-1]["time_us"]
             started = time.perf_counter()
             src.start()

@@ -159,6 +159,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from .events.held import HeldGifts
     from .events.records import RecordWriters
     from .framequarantine import FrameQuarantine
+    from .jetstream.store import JetstreamStore
     from .lifecycle.backfill import StartupBackfill
     from .lifecycle.retention import RetentionWorker
     from .redisclient import connect
@@ -246,7 +247,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         out.sources += kick.sources
         kick.add_routes(out.routes)
         # Bluesky records (issue 7); posts go out as `bluesky.post` alerts.
-        jetstream = build_jetstream(cfg, metrics, pool=pool, alerts=alerts)
+        jetstream = build_jetstream(cfg, metrics, db=JetstreamStore(pool), alerts=alerts)
         if jetstream is not None:
             out.sources.append(jetstream)
         # 7TV emote-set changes (issue 14): EventAPI sockets, healed through the REST API.

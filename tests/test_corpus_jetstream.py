@@ -21,6 +21,7 @@ from harness.servers import wait_until
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.jetstream.protocol import Account, BadFrame, Commit, Heartbeat, Identity, decode
+from lumio_ingestd.jetstream.store import JetstreamStore
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.jetstream import JetstreamSource
 from support import make_config
@@ -109,7 +110,8 @@ def test_every_corpus_frame_through_the_real_source(
     migrate(cfg.timescale)
     pool = Pool(cfg.timescale)
     metrics = Metrics()
-    src = JetstreamSource(cfg.jetstream, cfg.accounts, pool, metrics, batch_window_secs=0.05,
+    src = JetstreamSource(cfg.jetstream, cfg.accounts, JetstreamStore(pool), metrics,
+                          batch_window_secs=0.05,
                           retention_secs=10 * 365 * 86400.0)
     try:
         with pool.transaction() as cur:

@@ -25,6 +25,7 @@ from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.jetstream.store import JetstreamStore
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.jetstream import JetstreamSource
 from support import make_config
@@ -73,7 +74,7 @@ class Rig:
         opts: dict[str, Any] = dict(read_timeout_secs=5.0, ping_interval_secs=1.0, connect_timeout_secs=2.0,
                                     batch_window_secs=0.05, write_timeout_secs=5.0)
         opts.update(kw)
-        src = JetstreamSource(cfg.jetstream, cfg.accounts, self.pool, Metrics(),
+        src = JetstreamSource(cfg.jetstream, cfg.accounts, JetstreamStore(self.pool), Metrics(),
                               on_post=on_post or (lambda a, p: self.alerts.append((a, p))), **opts)
         src.reconnect_min_secs, src.reconnect_max_secs = 0.05, 0.2
         self.sources.append(src)
@@ -446,7 +447,8 @@ def test_many_dids_are_sent_in_an_options_update(tmp_path: Path, pg_server: Post
     migrate(cfg.timescale)
     pool = Pool(cfg.timescale)
     alerts: list[int] = []
-    src = JetstreamSource(cfg.jetstream, cfg.accounts, pool, Metrics(), batch_window_secs=0.05,
+    src = JetstreamSource(cfg.jetstream, cfg.accounts, JetstreamStore(pool), Metrics(),
+                          batch_window_secs=0.05,
                           on_post=lambda a, p: alerts.append(a))
     try:
         src.start()

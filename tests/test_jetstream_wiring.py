@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.jetstream.store import JetstreamStore
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PlatformEvent
 from lumio_ingestd.sources.jetstream import build_jetstream, post_alert
@@ -28,21 +29,21 @@ class Sink:
 
 def test_no_source_without_collections_or_without_a_did(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections=dict(ACCOUNTS))
-    assert build_jetstream(cfg, Metrics(), pool=Pool(cfg.timescale), alerts=None) is None
+    assert build_jetstream(cfg, Metrics(), db=JetstreamStore(Pool(cfg.timescale)), alerts=None) is None
     cfg = make_config(tmp_path, sections={"jetstream": {"collections": "app.bsky.feed.post"},
                                           "account.3": {"twitch_user_id": "42"}})
-    assert build_jetstream(cfg, Metrics(), pool=Pool(cfg.timescale), alerts=None) is None
+    assert build_jetstream(cfg, Metrics(), db=JetstreamStore(Pool(cfg.timescale)), alerts=None) is None
 
 
 def test_one_source_for_the_shards_accounts_with_the_shards_cursor(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections={"jetstream": {"collections": "app.bsky.feed.post"}, **ACCOUNTS})
-    src = build_jetstream(cfg, Metrics(), pool=Pool(cfg.timescale), alerts=None)
+    src = build_jetstream(cfg, Metrics(), db=JetstreamStore(Pool(cfg.timescale)), alerts=None)
     assert src is not None and src.cursor_name == "default" and src.name == "source-jetstream"
     assert src.dids == ("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb",
                         "did:plc:dddddddddddddddddddddddd")
     sharded = make_config(tmp_path, sections={"daemon": {"shard": "0/2"},
                                               "jetstream": {"collections": "app.bsky.feed.post"}, **ACCOUNTS})
-    src = build_jetstream(sharded, Metrics(), pool=Pool(sharded.timescale), alerts=None)
+    src = build_jetstream(sharded, Metrics(), db=JetstreamStore(Pool(sharded.timescale)), alerts=None)
     assert src is not None and src.cursor_name == "shard-0-of-2"
     assert src.dids == ("did:plc:bbbbbbbbbbbbbbbbbbbbbbbb", "did:plc:dddddddddddddddddddddddd")
 
@@ -50,7 +51,7 @@ def test_one_source_for_the_shards_accounts_with_the_shards_cursor(tmp_path: Pat
 def test_a_post_goes_out_as_a_bluesky_post_event(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections={"jetstream": {"collections": "app.bsky.feed.post"}, **ACCOUNTS})
     sink = Sink()
-    src = build_jetstream(cfg, Metrics(), pool=Pool(cfg.timescale), alerts=sink)
+    src = build_jetstream(cfg, Metrics(), db=JetstreamStore(Pool(cfg.timescale)), alerts=sink)
     assert src is not None and src.on_post is not None
     uri = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/3lzz2abcd7k2c"
     payload = {"type": "bluesky.post", "platform": "bluesky", "uri": uri, "time_us": 1_767_640_000_123_456,

@@ -1,8 +1,9 @@
 """The SQL of Jetstream: records in `bsky_records`, the cursor in `jetstream_cursor`.
 
 `apply()` writes one batch of commits and moves the cursor in the caller's
-transaction, so the cursor is durable exactly when the records up to it are:
-nothing here commits. The rules, in order:
+transaction, so the cursor is durable exactly when the records up to it are.
+`JetstreamStore` runs those in transactions of their own for the source
+(which never touches the pool itself). The rules, in order:
 
 1. In-batch dedup first. A rewind replays seconds of events, so one batch can
    hold several operations on one key, and PostgreSQL refuses to update one
@@ -28,6 +29,7 @@ alert, which must not fire again on a replay) and how many were stale.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -35,7 +37,7 @@ import psycopg2
 import psycopg2.extras
 
 from ..db.errors import classify
-from ..db.pool import Cursor
+from ..db.pool import Cursor, Pool
 from .protocol import Commit
 
 _UPSERT = """
@@ -66,6 +68,24 @@ class ApplyResult:
     refused: list[tuple[Commit, str]] = field(default_factory=list)
     #: The stored cursor after the batch (None when no cursor was given and none is stored).
     cursor: int | None = None
+
+
+class JetstreamStore:
+    """The Jetstream source's handle on the database: each call one transaction, bounded by
+    `timeout` (pool wait, statements and commit). Durable when `apply` returns: the batch and
+    the cursor, together."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def load_cursor(self, name: str, *, timeout: float) -> int | None:
+        with self.pool.transaction(deadline=time.monotonic() + timeout) as cur:
+            return load_cursor(cur, name)
+
+    def apply(self, commits: Sequence[Commit], *, cursor_name: str, cursor_us: int | None,
+              isolate: bool, timeout: float) -> ApplyResult:
+        with self.pool.transaction(deadline=time.monotonic() + timeout) as cur:
+            return apply(cur, commits, cursor_name=cursor_name, cursor_us=cursor_us, isolate=isolate)
 
 
 def load_cursor(cur: Cursor, name: str) -> int | None:

@@ -62,7 +62,6 @@ import websocket
 
 from ..config import AccountConfig, Config, JetstreamConfig
 from ..db.errors import Kind, classify
-from ..db.pool import Pool
 from ..jetstream import store
 from ..jetstream.protocol import (
     MAX_DIDS,
@@ -79,6 +78,7 @@ from ..jetstream.protocol import (
     resume_cursor,
     subscribe_url,
 )
+from ..jetstream.store import JetstreamStore
 from ..metrics import Metrics
 from ..model import PlatformEvent
 from .base import Source, SourceClosed
@@ -95,7 +95,7 @@ OnPost = Callable[[int, dict[str, Any]], None]
 class JetstreamSource(Source):
     platform = "bluesky"
 
-    def __init__(self, cfg: JetstreamConfig, accounts: Sequence[AccountConfig], pool: Pool,
+    def __init__(self, cfg: JetstreamConfig, accounts: Sequence[AccountConfig], db: JetstreamStore,
                  metrics: Metrics, *,
                  on_post: OnPost | None = None,
                  cursor_name: str = "default",
@@ -113,7 +113,7 @@ class JetstreamSource(Source):
         self.url = cfg.url
         self.collections = cfg.collections
         self.rewind_secs = cfg.rewind_secs
-        self.pool = pool
+        self.db = db
         self.on_post = on_post
         self.cursor_name = cursor_name
         self.read_timeout_secs = read_timeout_secs
@@ -206,8 +206,7 @@ class JetstreamSource(Source):
 
     def _load_cursor(self) -> int | None:
         try:
-            with self.pool.transaction(deadline=time.monotonic() + self.write_timeout_secs) as cur:
-                stored = store.load_cursor(cur, self.cursor_name)
+            stored = self.db.load_cursor(self.cursor_name, timeout=self.write_timeout_secs)
         except Exception as exc:
             # Without the saved cursor a connect would start live and skip
             # what happened meanwhile: refuse to connect, the base backs off.
@@ -349,9 +348,8 @@ class JetstreamSource(Source):
     def _write(self, commits: list[Commit], cursor: int | None, *, isolate: bool,
                timeout: float | None) -> store.ApplyResult:
         limit = self.write_timeout_secs if timeout is None else timeout
-        with self.pool.transaction(deadline=time.monotonic() + limit) as cur:
-            return store.apply(cur, commits, cursor_name=self.cursor_name, cursor_us=cursor,
-                               isolate=isolate)
+        return self.db.apply(commits, cursor_name=self.cursor_name, cursor_us=cursor,
+                             isolate=isolate, timeout=limit)
 
     def _failed(self, kind: Kind, reason: str, n: int) -> None:
         self.metrics.jetstream_batches.labels("failed").inc()
@@ -440,7 +438,7 @@ def post_alert(account_id: int, payload: dict[str, Any]) -> PlatformEvent:
         created_at=datetime.fromtimestamp(payload["time_us"] / 1_000_000, UTC))
 
 
-def build_jetstream(cfg: Config, metrics: Metrics, *, pool: Pool,
+def build_jetstream(cfg: Config, metrics: Metrics, *, db: JetstreamStore,
                     alerts: AlertSink | None) -> JetstreamSource | None:
     """The source, when `[jetstream] collections` is set and an account of this shard has a DID."""
     accounts = [a for a in cfg.accounts if a.bluesky_did and cfg.owns(a.account_id)]
@@ -453,5 +451,5 @@ def build_jetstream(cfg: Config, metrics: Metrics, *, pool: Pool,
         def on_post(account_id: int, payload: dict[str, Any]) -> None:
             sink.publish(post_alert(account_id, payload))
 
-    return JetstreamSource(cfg.jetstream, accounts, pool, metrics, on_post=on_post,
+    return JetstreamSource(cfg.jetstream, accounts, db, metrics, on_post=on_post,
                            cursor_name=cursor_name(cfg), name="source-jetstream")
