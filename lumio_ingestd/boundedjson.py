@@ -63,14 +63,19 @@ class JsonRefused(ValueError):
 
 
 def loads(data: bytes | bytearray | str, *, max_depth: int = DEFAULT_MAX_DEPTH,
-          max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """`json.loads(data)` within the limits; raises JsonRefused (never RecursionError)."""
+          max_bytes: int = DEFAULT_MAX_BYTES, decoder: json.JSONDecoder | None = None) -> Any:
+    """`json.loads(data)` within the limits; raises JsonRefused (never RecursionError).
+
+    `decoder`, for a str: decode with it instead (its hooks may raise what they like).
+    """
     size = len(data)
     if size > max_bytes:
         raise JsonRefused("too_large", f"JSON document of {size} bytes (limit {max_bytes})")
     if depth_exceeds(data, max_depth):
         raise JsonRefused("too_deep", f"JSON nested deeper than {max_depth} levels")
     try:
+        if decoder is not None and isinstance(data, str):
+            return decoder.decode(data)
         return json.loads(data)
     except UnicodeDecodeError as exc:
         raise JsonRefused("not_utf8", f"not UTF-8 (byte {exc.start})") from None
