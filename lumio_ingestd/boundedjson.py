@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Final
 
 #: Nesting deeper than this is refused. Every real payload this daemon sees
@@ -63,10 +64,12 @@ class JsonRefused(ValueError):
 
 
 def loads(data: bytes | bytearray | str, *, max_depth: int = DEFAULT_MAX_DEPTH,
-          max_bytes: int = DEFAULT_MAX_BYTES, decoder: json.JSONDecoder | None = None) -> Any:
+          max_bytes: int = DEFAULT_MAX_BYTES,
+          decode: Callable[[Any], Any] | None = None) -> Any:
     """`json.loads(data)` within the limits; raises JsonRefused (never RecursionError).
 
-    `decoder`, for a str: decode with it instead (its hooks may raise what they like).
+    `decode`: called instead of `json.loads` (an exception of its own that is
+    not a ValueError passes through).
     """
     size = len(data)
     if size > max_bytes:
@@ -74,9 +77,7 @@ def loads(data: bytes | bytearray | str, *, max_depth: int = DEFAULT_MAX_DEPTH,
     if depth_exceeds(data, max_depth):
         raise JsonRefused("too_deep", f"JSON nested deeper than {max_depth} levels")
     try:
-        if decoder is not None and isinstance(data, str):
-            return decoder.decode(data)
-        return json.loads(data)
+        return json.loads(data) if decode is None else decode(data)
     except UnicodeDecodeError as exc:
         raise JsonRefused("not_utf8", f"not UTF-8 (byte {exc.start})") from None
     except ValueError as exc:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from . import boundedjson
+from . import boundedjson, fastjson
 
 ENTRY_VERSION = 1
 #: A stored entry larger than this is refused unread (this daemon writes far
@@ -77,9 +77,10 @@ def frame_is_clean(text: str, max_string: int = MAX_NAME) -> bool:
     (raw, or an escape that is not half of a valid pair), no string longer
     than `max_string` characters (so no field, key or text needs its cap; the
     default is the smallest cap, `MAX_NAME`), no nesting deeper than
-    `MAX_JSON_DEPTH`. Numbers are left to `CLEAN_DECODER`, which refuses the
-    ones the walk would replace. It may say False for a clean frame (then the
-    walk runs, as before); it never says True for one the walk would change.
+    `MAX_JSON_DEPTH`. Numbers are left to the decoder (`fastjson.loads_finite`
+    refuses the ones the walk would replace). It may say False for a clean
+    frame (then the walk runs, as before); it never says True for one the
+    walk would change.
     """
     if "\x00" in text:
         return False
@@ -108,29 +109,6 @@ def frame_is_clean(text: str, max_string: int = MAX_NAME) -> bool:
 @functools.lru_cache(maxsize=8)
 def _long_run(limit: int) -> re.Pattern[str]:
     return re.compile(f'"[^"]{{{limit + 1}}}')
-
-
-class NotFinite(Exception):
-    """A number `CLEAN_DECODER` refused (NaN, Infinity, or one that overflows to it).
-
-    Not a ValueError, so no JSON error handler takes it for bad JSON."""
-
-
-def _finite(literal: str) -> float:
-    value = float(literal)
-    if value in (_INF, -_INF):
-        raise NotFinite(literal[:32])
-    return value
-
-
-def _no_constant(literal: str) -> float:
-    raise NotFinite(literal)
-
-
-#: `json` with the numbers `clean_json` would replace refused (NotFinite);
-#: a frame that passes `frame_is_clean` and decodes with it needs no walk.
-#: The hook runs only for numbers with a fraction or an exponent.
-CLEAN_DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
 
 
 def clean_json(value: Any, depth: int = 0) -> Any:
@@ -224,17 +202,13 @@ def uuid7(now_ms: int | None = None) -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-# Built once: json.dumps with non-default options builds an encoder per call.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
-
-
 def _dumps(obj: Mapping[str, Any]) -> bytes:
-    return _ENCODER.encode(obj).encode()
+    return fastjson.dumps(obj)
 
 
 def _loads(raw: bytes | str) -> dict[str, Any]:
     try:
-        obj = boundedjson.loads(raw, max_bytes=MAX_ENTRY_BYTES)
+        obj = boundedjson.loads(raw, max_bytes=MAX_ENTRY_BYTES, decode=fastjson.loads)
     except ValueError as exc:
         raise EntryError(f"entry is not JSON: {exc}") from exc
     if not isinstance(obj, dict):

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from ... import boundedjson
-from ...model import CLEAN_DECODER, ChatMessage, NotFinite, PlatformEvent, frame_is_clean, parse_time
+from ... import boundedjson, fastjson
+from ...model import ChatMessage, PlatformEvent, frame_is_clean, parse_time
 from ...sessions import StreamChange
 
 PLATFORM = "twitch"
@@ -180,10 +180,10 @@ def _decode(data: bytes | str, check_clean: bool = False) -> tuple[dict[str, Any
     try:
         try:
             obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES,
-                                    decoder=CLEAN_DECODER if clean else None)
-        except NotFinite:
+                                    decode=fastjson.loads_finite if clean else fastjson.loads)
+        except fastjson.NotFinite:
             clean = False
-            obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES)
+            obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES, decode=fastjson.loads)
     except boundedjson.JsonRefused as exc:
         # "too_deep" is its own label; "too_large" counts characters here (the
         # byte check above came first); anything else is plain "json".
