@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Final
 
 #: Nesting deeper than this is refused. Every real payload this daemon sees
@@ -63,15 +64,20 @@ class JsonRefused(ValueError):
 
 
 def loads(data: bytes | bytearray | str, *, max_depth: int = DEFAULT_MAX_DEPTH,
-          max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """`json.loads(data)` within the limits; raises JsonRefused (never RecursionError)."""
+          max_bytes: int = DEFAULT_MAX_BYTES,
+          decode: Callable[[Any], Any] | None = None) -> Any:
+    """`json.loads(data)` within the limits; raises JsonRefused (never RecursionError).
+
+    `decode`: called instead of `json.loads` (an exception of its own that is
+    not a ValueError passes through).
+    """
     size = len(data)
     if size > max_bytes:
         raise JsonRefused("too_large", f"JSON document of {size} bytes (limit {max_bytes})")
     if depth_exceeds(data, max_depth):
         raise JsonRefused("too_deep", f"JSON nested deeper than {max_depth} levels")
     try:
-        return json.loads(data)
+        return json.loads(data) if decode is None else decode(data)
     except UnicodeDecodeError as exc:
         raise JsonRefused("not_utf8", f"not UTF-8 (byte {exc.start})") from None
     except ValueError as exc:

@@ -11,6 +11,7 @@ daemon still drains what an older one left behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from . import boundedjson
+from . import boundedjson, fastjson
 
 ENTRY_VERSION = 1
 #: A stored entry larger than this is refused unread (this daemon writes far
@@ -36,6 +37,12 @@ MAX_JSON_STRING = 10_000
 MAX_JSON_DEPTH = 32
 
 _BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+# Escapes that decode to a character the repair walk would replace: \u0000 or a
+# surrogate. A high+low pair is fine (one character); anything else is not.
+_RISKY_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+_PAIR_OR_RISKY = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+                            r"|\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
 
 
 class EntryError(ValueError):
@@ -60,6 +67,48 @@ def clean_text(value: object, limit: int) -> str:
     if len(text) > limit:
         text = text[:limit]
     return text
+
+
+def frame_is_clean(text: str, max_string: int = MAX_NAME) -> bool:
+    """Whether every string `json.loads(text)` yields is one the repair walk leaves as it is.
+
+    A check on the raw text, so a clean frame (nearly all of them) skips
+    `clean_json`'s walk and copy: no NUL (raw or `\\u0000`), no surrogate
+    (raw, or an escape that is not half of a valid pair), no string longer
+    than `max_string` characters (so no field, key or text needs its cap; the
+    default is the smallest cap, `MAX_NAME`), no nesting deeper than
+    `MAX_JSON_DEPTH`. Numbers are left to the decoder (`fastjson.loads_finite`
+    refuses the ones the walk would replace). It may say False for a clean
+    frame (then the walk runs, as before); it never says True for one the
+    walk would change.
+    """
+    if "\x00" in text:
+        return False
+    if not text.isascii() and _BAD_CHARS.search(text):
+        return False
+    probe = text
+    if "\\" in text:
+        if "\\\\" in text:
+            # An escaped backslash makes the scan ambiguous ("\\\\u0000" is no
+            # NUL, "\\\\"" ends a string): rare in chat, so not told apart.
+            return False
+        if "\\u" in text and _RISKY_ESCAPE.search(text):
+            for match in _PAIR_OR_RISKY.finditer(text):
+                if len(match.group()) != 12:
+                    return False
+        if '\\"' in text:
+            # An escaped quote counted as the one character it decodes to.
+            probe = text.replace('\\"', "'")
+    # Every string starts at a quote and runs to the next one (other escapes
+    # only make the run longer than the string it decodes to).
+    if len(probe) > max_string and _long_run(max_string).search(probe):
+        return False
+    return not boundedjson.depth_exceeds(text, MAX_JSON_DEPTH)
+
+
+@functools.lru_cache(maxsize=8)
+def _long_run(limit: int) -> re.Pattern[str]:
+    return re.compile(f'"[^"]{{{limit + 1}}}')
 
 
 def clean_json(value: Any, depth: int = 0) -> Any:
@@ -105,8 +154,24 @@ def utc(ts: datetime) -> datetime:
 
 def parse_time(text: str) -> datetime:
     """RFC 3339 with 0 to 9 fractional digits; microseconds are kept, the rest dropped."""
-    match = re.fullmatch(
-        r"(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:?\d\d)?", text.strip())
+    # Twitch's own shape, 2023-07-19T14:56:51.634234626Z, without the regex:
+    # every separator and the nanosecond digits checked here, the rest by
+    # fromisoformat (digits only); anything else takes the general path.
+    if (len(text) == 30 and text[29] == "Z" and text[19] == "." and text[10] == "T"
+            and text[4] == "-" and text[7] == "-" and text[13] == ":" and text[16] == ":"
+            and text.isascii() and text[20:29].isdigit()):
+        try:
+            return datetime.fromisoformat(text[:26] + "+00:00")
+        except ValueError:
+            pass
+    return _parse_time_general(text)
+
+
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:?\d\d)?")
+
+
+def _parse_time_general(text: str) -> datetime:
+    match = _RFC3339.fullmatch(text.strip())
     if not match:
         raise ValueError(f"not an RFC 3339 timestamp: {text[:64]!r}")
     day, clock, frac, zone = match.groups()
@@ -137,17 +202,13 @@ def uuid7(now_ms: int | None = None) -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-# Built once: json.dumps with non-default options builds an encoder per call.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
-
-
 def _dumps(obj: Mapping[str, Any]) -> bytes:
-    return _ENCODER.encode(obj).encode()
+    return fastjson.dumps(obj)
 
 
 def _loads(raw: bytes | str) -> dict[str, Any]:
     try:
-        obj = boundedjson.loads(raw, max_bytes=MAX_ENTRY_BYTES)
+        obj = boundedjson.loads(raw, max_bytes=MAX_ENTRY_BYTES, decode=fastjson.loads)
     except ValueError as exc:
         raise EntryError(f"entry is not JSON: {exc}") from exc
     if not isinstance(obj, dict):
@@ -175,11 +236,20 @@ class ChatMessage:
     @classmethod
     def create(cls, *, platform: str, account_id: int, message_id: str, created_at: datetime,
                user_id: object = "", user_login: object = "", display_name: object = "",
-               text: object = "", extras: Mapping[str, Any] | None = None) -> ChatMessage:
+               text: object = "", extras: Mapping[str, Any] | None = None,
+               known_clean: bool = False) -> ChatMessage:
+        """Sanitize and build; `known_clean` = the extras come from a frame that passed
+        `frame_is_clean`, so their walk is skipped (the fields are still checked)."""
         raw = (message_id, user_id, user_login, display_name, text)
         clean = (clean_text(message_id, MAX_ID), clean_text(user_id, MAX_ID),
                  clean_text(user_login, MAX_NAME), clean_text(display_name, MAX_NAME),
                  clean_text(text, MAX_TEXT))
+        if known_clean:
+            return cls(platform=clean_text(platform, 32), account_id=int(account_id),
+                       message_id=clean[0], created_at=utc(created_at), user_id=clean[1],
+                       user_login=clean[2], display_name=clean[3], text=clean[4],
+                       extras=dict(extras or {}),
+                       sanitized=any(a != b for a, b in zip(raw, clean, strict=True)))
         cleaned_extras = clean_json(dict(extras or {}))
         return cls(platform=clean_text(platform, 32), account_id=int(account_id),
                    message_id=clean[0], created_at=utc(created_at), user_id=clean[1],

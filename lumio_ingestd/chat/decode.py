@@ -27,7 +27,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from .. import boundedjson
+from .. import boundedjson, fastjson
 from ..model import (
     ENTRY_VERSION,
     MAX_ENTRY_BYTES,
@@ -110,7 +110,7 @@ def _clean_object(raw: bytes) -> tuple[dict[str, Any], str] | None:
     try:
         # Strict UTF-8 first: json.loads(bytes) would let UTF-8-encoded
         # surrogates through ("surrogatepass").
-        obj = boundedjson.loads(raw.decode("utf-8"), max_bytes=MAX_ENTRY_BYTES)
+        obj = boundedjson.loads(raw.decode("utf-8"), max_bytes=MAX_ENTRY_BYTES, decode=fastjson.loads)
     except ValueError:  # UnicodeDecodeError and JsonRefused included; from_entry words it
         return None
     if type(obj) is not dict or obj.get("v") != ENTRY_VERSION or "message_id" not in obj:

@@ -105,6 +105,12 @@ class EventSubClient:
         self._drain_quiet = drain_quiet_secs
         self._drain_max = drain_max_secs
         self.recent = RecentIds(recent_ids)
+        # Metric children resolved once: `.labels()` per frame is a lock and a dict lookup.
+        self._frames = {kind: metrics.source_frames.labels(PLATFORM, kind)
+                        for kind in ("chat", "event", "control", "unsupported", "bad")}
+        self._duplicates = metrics.source_duplicates.labels(PLATFORM)
+        # Chat frames are counted per read turn (one thread owns this count).
+        self._chat_frames = 0
         self._current: WsConnection | None = None
         self._pending: WsConnection | None = None
         self._opening: WsConnection | None = None
@@ -169,6 +175,14 @@ class EventSubClient:
     def read(self, budget_secs: float) -> None:
         """Read and dispatch what arrives within `budget_secs`; raises SourceClosed when the
         connection ends (closed, or silent for too long)."""
+        try:
+            self._read(budget_secs)
+        finally:
+            if self._chat_frames:
+                self._frames["chat"].inc(self._chat_frames)
+                self._chat_frames = 0
+
+    def _read(self, budget_secs: float) -> None:
         end = time.monotonic() + budget_secs
         if self._pending is not None:
             self._read_handoff(end)
@@ -247,25 +261,28 @@ class EventSubClient:
                 raise BadFrame("binary", f"a binary frame of {len(data)} bytes (EventSub sends text)")
             it = interpret(self.account_id, data)
         except BadFrame as exc:
-            self.metrics.source_frames.labels(PLATFORM, "bad").inc()
+            self._frames["bad"].inc()
             self.handler.on_bad_frame(exc, data)
             return
         env = it.envelope
         if it.kind == "control":
-            self.metrics.source_frames.labels(PLATFORM, "control").inc()
+            self._frames["control"].inc()
             try:
                 self._control(env, conn)
             except BadFrame as exc:
                 self.handler.on_bad_frame(exc, data)
             return
         if it.kind == "unsupported":
-            self.metrics.source_frames.labels(PLATFORM, "unsupported").inc()
+            self._frames["unsupported"].inc()
             self.handler.on_unsupported(env)
             return
         if env.message_id in self.recent:
-            self.metrics.source_duplicates.labels(PLATFORM).inc()
+            self._duplicates.inc()
             return
-        self.metrics.source_frames.labels(PLATFORM, it.kind).inc()
+        if it.kind == "chat":
+            self._chat_frames += 1
+        else:
+            self._frames[it.kind].inc()
         self.handler.on_notification(env, it.items)
         self.recent.add(env.message_id)
 
@@ -275,7 +292,7 @@ class EventSubClient:
             return
         if kind == "revocation":
             if env.message_id in self.recent:
-                self.metrics.source_duplicates.labels(PLATFORM).inc()
+                self._duplicates.inc()
                 return
             self.handler.on_revocation(env)
             self.recent.add(env.message_id)

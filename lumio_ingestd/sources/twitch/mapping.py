@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from ... import boundedjson
-from ...model import ChatMessage, PlatformEvent, parse_time
+from ... import boundedjson, fastjson
+from ...model import ChatMessage, PlatformEvent, frame_is_clean, parse_time
 from ...sessions import StreamChange
 
 PLATFORM = "twitch"
@@ -123,6 +123,8 @@ class Envelope:
     subscription_type: str | None
     subscription_version: str | None
     payload: Mapping[str, Any]
+    # The frame passed `frame_is_clean`: its values need no repair walk.
+    clean: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,11 @@ class Interpreted:
 
 def decode_json(data: bytes | str) -> dict[str, Any]:
     """A JSON object from a frame or a request body; raises BadFrame."""
+    return _decode(data)[0]
+
+
+def _decode(data: bytes | str, check_clean: bool = False) -> tuple[dict[str, Any], bool]:
+    """The object, and whether its values are known clean (only if `check_clean`)."""
     if len(data) > MAX_FRAME_BYTES:
         raise BadFrame("too_large", f"frame of {len(data)} bytes (limit {MAX_FRAME_BYTES})")
     if isinstance(data, bytes):
@@ -169,8 +176,14 @@ def decode_json(data: bytes | str) -> dict[str, Any]:
         text = data
     if "\x00" in text:
         raise BadFrame("nul", f"raw NUL character at offset {text.index(chr(0))}")
+    clean = check_clean and frame_is_clean(text)
     try:
-        obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES)
+        try:
+            obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES,
+                                    decode=fastjson.loads_finite if clean else fastjson.loads)
+        except fastjson.NotFinite:
+            clean = False
+            obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES, decode=fastjson.loads)
     except boundedjson.JsonRefused as exc:
         # "too_deep" is its own label; "too_large" counts characters here (the
         # byte check above came first); anything else is plain "json".
@@ -178,7 +191,7 @@ def decode_json(data: bytes | str) -> dict[str, Any]:
         raise BadFrame(reason, str(exc)) from None
     if not isinstance(obj, dict):
         raise BadFrame("json", f"not a JSON object but {type(obj).__name__}")
-    return obj
+    return obj, clean
 
 
 def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
@@ -208,7 +221,7 @@ def sane_time(text: str, where: str, now: datetime | None = None) -> datetime:
 
 
 def parse_envelope(data: bytes | str) -> Envelope:
-    obj = decode_json(data)
+    obj, clean = _decode(data, check_clean=True)
     metadata = _obj(obj, "metadata", "frame")
     payload = obj.get("payload")
     if not isinstance(payload, dict):
@@ -222,6 +235,7 @@ def parse_envelope(data: bytes | str) -> Envelope:
         subscription_type=sub_type if isinstance(sub_type, str) and sub_type else None,
         subscription_version=sub_version if isinstance(sub_version, str) else None,
         payload=payload,
+        clean=clean,
     )
 
 
@@ -233,7 +247,8 @@ def interpret(account_id: int, data: bytes | str) -> Interpreted:
     if env.message_type != "notification":
         return Interpreted("unsupported", env)
     sub_type = env.subscription_type or subscription_type_of(env.payload)
-    items = map_notification(account_id, sub_type, env.payload, env.message_id, env.timestamp)
+    items = map_notification(account_id, sub_type, env.payload, env.message_id, env.timestamp,
+                             known_clean=env.clean)
     kind: Literal["chat", "event"] = "chat" if items and items[0].chat is not None else "event"
     return Interpreted(kind, env, tuple(items))
 
@@ -260,8 +275,11 @@ def channel_of(body: Mapping[str, Any]) -> str | None:
 
 
 def map_notification(account_id: int, sub_type: str, body: Mapping[str, Any], delivery_id: str,
-                     delivery_time: datetime) -> list[Notification]:
-    """The rows of one notification body ({subscription, event} or batched {events: [...]})."""
+                     delivery_time: datetime, *, known_clean: bool = False) -> list[Notification]:
+    """The rows of one notification body ({subscription, event} or batched {events: [...]}).
+
+    `known_clean`: the body comes from a frame that passed `frame_is_clean`.
+    """
     if not sub_type:
         raise BadFrame("shape", "notification without a subscription type")
     if "event" not in body and isinstance(body.get("events"), list):
@@ -272,15 +290,16 @@ def map_notification(account_id: int, sub_type: str, body: Mapping[str, Any], de
                 raise BadFrame("shape", f"payload.events[{i}] is not an object")
             item_id = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else None
             out.append(_one(account_id, sub_type, _obj(item, "data", f"payload.events[{i}]"),
-                            item_id or f"{delivery_id}:{i}", delivery_time))
+                            item_id or f"{delivery_id}:{i}", delivery_time, known_clean))
         return out
-    return [_one(account_id, sub_type, _obj(body, "event", "payload"), delivery_id, delivery_time)]
+    return [_one(account_id, sub_type, _obj(body, "event", "payload"), delivery_id, delivery_time,
+                 known_clean)]
 
 
 def _one(account_id: int, sub_type: str, event: Mapping[str, Any], delivery_id: str,
-         delivery_time: datetime) -> Notification:
+         delivery_time: datetime, known_clean: bool = False) -> Notification:
     if sub_type == CHAT_TYPE:
-        return Notification(chat=map_chat(account_id, event, delivery_time))
+        return Notification(chat=map_chat(account_id, event, delivery_time, known_clean=known_clean))
     created_at = _own_time(sub_type, event) or delivery_time
     own_key = _OWN_ID.get(sub_type)
     own_id = event.get(own_key) if own_key else None
@@ -291,7 +310,8 @@ def _one(account_id: int, sub_type: str, event: Mapping[str, Any], delivery_id: 
     return Notification(event=ev, gift=_gift_of(sub_type, event), stream=_stream_of(sub_type, event, ev))
 
 
-def map_chat(account_id: int, event: Mapping[str, Any], delivery_time: datetime) -> ChatMessage:
+def map_chat(account_id: int, event: Mapping[str, Any], delivery_time: datetime, *,
+             known_clean: bool = False) -> ChatMessage:
     message = event.get("message")
     text = message.get("text") if isinstance(message, dict) else None
     extras: dict[str, Any] = {k: event[k] for k in _CHAT_EXTRAS if event.get(k) is not None}
@@ -302,7 +322,7 @@ def map_chat(account_id: int, event: Mapping[str, Any], delivery_time: datetime)
         created_at=delivery_time, user_id=_text(event.get("chatter_user_id")),
         user_login=_text(event.get("chatter_user_login")),
         display_name=_text(event.get("chatter_user_name")),
-        text=text if isinstance(text, str) else "", extras=extras)
+        text=text if isinstance(text, str) else "", extras=extras, known_clean=known_clean)
 
 
 def _text(value: object) -> str:
