@@ -31,16 +31,15 @@ Durable when 2xx is answered: see above.
 from __future__ import annotations
 
 import logging
-import math
-import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from ...httpserver import Request, Response
 from ...metrics import Metrics
-from ...model import ChatMessage, parse_time
+from ...model import ChatMessage
 from ...seen import SeenDeliveries
 from ..sink import EventSink
+from ..webhookcheck import WebhookChecks
 from .mapping import BUCKET_SECS, PLATFORM, BadFrame, broadcaster_of, decode_json, map_webhook
 from .signature import RsaPublicKey, signed_bytes, verify
 
@@ -68,11 +67,9 @@ class KickWebhook:
         self._chat = chat
         self._seen = seen
         self._metrics = metrics
-        self._max_age = max_age_secs
         self._bucket = bucket_secs
-        self._clock = clock
-        self._forged_logged_at = -math.inf
-        self._forged_unlogged = 0
+        self._checks = WebhookChecks(PLATFORM, log, max_age_secs=max_age_secs, clock=clock,
+                                     timestamp_header=H_TIMESTAMP)
 
     def handle(self, request: Request) -> Response:
         response, result = self._handle(request)
@@ -89,25 +86,10 @@ class KickWebhook:
             return Response.json(400, {"error": f"missing {H_ID}, {H_TIMESTAMP}, {H_SIGNATURE} or "
                                                 f"{H_TYPE} header"}), "bad_request"
         if not verify(self._key, signed_bytes(message_id, timestamp, request.body), given):
-            # Anyone can send these: one warning a minute (the metric counts them all).
-            now = time.monotonic()
-            if now - self._forged_logged_at >= 60.0:
-                log.warning("kick webhook: signature mismatch on delivery %s from %s; refused "
-                            "(%d more since the last warning)", message_id[:64], request.client,
-                            self._forged_unlogged)
-                self._forged_logged_at, self._forged_unlogged = now, 0
-            else:
-                self._forged_unlogged += 1
-            return Response.json(403, {"error": "signature mismatch"}), "forged"
-        try:
-            sent_at = parse_time(timestamp)
-        except ValueError:
-            return Response.json(400, {"error": f"{H_TIMESTAMP} is not an RFC 3339 time"}), "bad_request"
-        age = (self._clock() - sent_at).total_seconds()
-        if abs(age) > self._max_age:
-            log.warning("kick webhook: delivery %s is %.0fs %s (limit %.0fs); refused", message_id[:64],
-                        abs(age), "old" if age > 0 else "in the future", self._max_age)
-            return Response.json(403, {"error": "stale or future timestamp"}), "stale"
+            return self._checks.forged(request, message_id)
+        sent_at = self._checks.sent_at(timestamp, message_id)
+        if not isinstance(sent_at, datetime):
+            return sent_at
         if self._seen.seen(message_id):
             self._metrics.source_duplicates.labels(PLATFORM).inc()
             return Response.json(200, {"duplicate": True}), "replayed"

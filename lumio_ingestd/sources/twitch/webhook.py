@@ -39,9 +39,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import math
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 
@@ -50,8 +48,9 @@ from ...framequarantine import FrameSink
 from ...httpserver import Request, Response
 from ...logs import Throttled
 from ...metrics import Metrics
-from ...model import ChatMessage, parse_time
+from ...model import ChatMessage
 from ...seen import SeenDeliveries
+from ..webhookcheck import WebhookChecks
 from .gifts import GiftLinker
 from .helix import SUBSCRIPTIONS
 from .mapping import PLATFORM, BadFrame, channel_of, decode_json, map_notification, subscription_type_of
@@ -90,10 +89,8 @@ class TwitchWebhook:
         self._seen = seen
         self._metrics = metrics
         self._gift_wait = gift_wait_secs
-        self._max_age = max_age_secs
-        self._forged_logged_at = -math.inf
-        self._forged_unlogged = 0
-        self._clock = clock
+        self._checks = WebhookChecks(PLATFORM, log, max_age_secs=max_age_secs, clock=clock,
+                                     timestamp_header=H_TIMESTAMP)
         self._lock = threading.Lock()
         self._gifts: dict[int, GiftLinker] = {}
         self._types = frozenset(types if types is not None else (s.type for s in SUBSCRIPTIONS))
@@ -122,26 +119,10 @@ class TwitchWebhook:
                                                 f"{H_TYPE} header"}), "bad_request"
         expected = signature(self._secret.reveal(), message_id, timestamp, request.body)
         if not hmac.compare_digest(expected.encode(), given.lower().encode()):
-            # Anyone can send these: one warning a minute (the metric counts them all),
-            # so a flood cannot push real lines past journald's rate limit.
-            now = time.monotonic()
-            if now - self._forged_logged_at >= 60.0:
-                log.warning("twitch webhook: signature mismatch on delivery %s from %s; refused "
-                            "(%d more since the last warning)", message_id[:64], request.client,
-                            self._forged_unlogged)
-                self._forged_logged_at, self._forged_unlogged = now, 0
-            else:
-                self._forged_unlogged += 1
-            return Response.json(403, {"error": "signature mismatch"}), "forged"
-        try:
-            sent_at = parse_time(timestamp)
-        except ValueError:
-            return Response.json(400, {"error": f"{H_TIMESTAMP} is not an RFC 3339 time"}), "bad_request"
-        age = (self._clock() - sent_at).total_seconds()
-        if abs(age) > self._max_age:
-            log.warning("twitch webhook: delivery %s is %.0fs old (limit %.0fs); refused",
-                        message_id[:64], age, self._max_age)
-            return Response.json(403, {"error": "stale timestamp"}), "stale"
+            return self._checks.forged(request, message_id)
+        sent_at = self._checks.sent_at(timestamp, message_id)
+        if not isinstance(sent_at, datetime):
+            return sent_at
         if message_type == "webhook_callback_verification":
             return self._challenge(request.body)
         if message_type == "revocation":
