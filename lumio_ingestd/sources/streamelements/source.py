@@ -297,7 +297,7 @@ class StreamElementsSource(Source):
                     self.welcomed_at = time.monotonic()
                     return conn
                 self._handle(frame, conn, data)  # nothing else is expected first; handled all the same
-        except BaseException:
+        except Exception:  # clean up, then let it propagate
             conn.close()
             raise
         finally:
