@@ -58,7 +58,7 @@ def main() -> int:
     standin = TwitchStandin(subscribe_window_secs=args.subscribe_window)
     standin.record_sent = False
     standin.start()
-    prepared: tuple[StandinSession, list[str]] | None = None
+    prepared: tuple[StandinSession, list[bytes]] | None = None
     try:
         _reply({"ws_url": standin.ws_url, "helix_url": standin.helix_url, "oauth_url": standin.oauth_url,
                 "client_id": standin.client_id, "client_secret": standin.client_secret,
@@ -81,7 +81,7 @@ def main() -> int:
                     str(100_000 + i % 5000), broadcaster=cmd["broadcaster"])))
                     for i in range(int(cmd["n"]))]
                 Path(cmd["path"]).write_text("\n".join(frames) + "\n")
-                prepared = (session, frames)
+                prepared = (session, standin.encode_bulk(frames))
                 _reply({"ok": True})
             elif cmd["cmd"] == "blast":
                 if prepared is None:

@@ -412,15 +412,25 @@ class TwitchStandin:
     def send_raw(self, session: StandinSession, data: str | bytes, *, text: bool = True) -> bool:
         return self._send(session, data, text=text)
 
-    def send_bulk(self, session: StandinSession, frames: Sequence[str], *, chunk_bytes: int = 1 << 20) -> int:
-        """Load generation: prepared text frames, written to the socket in large chunks.
+    @staticmethod
+    def encode_bulk(frames: Sequence[str]) -> list[bytes]:
+        """Text frames as the wire bytes `send_bulk` writes (unmasked server frames).
+
+        Done before a load test, so that the send itself costs the server
+        nothing but `sendall`.
+        """
+        return [Frame(Opcode.TEXT, frame.encode()).serialize(mask=False) for frame in frames]
+
+    def send_bulk(self, session: StandinSession, frames: Sequence[bytes], *,
+                  chunk_bytes: int = 1 << 20) -> int:
+        """Load generation: frames made by `encode_bulk`, written to the socket in large chunks.
 
         The per-message path (`notify`) costs far more than a client needs to
         read a frame, so a benchmark of the client would measure this server.
-        Here the frames are encoded up front (unmasked server frames, as the
-        protocol wants) and written with `sendall`, under the session's send
-        lock; the WebSocket library's state is untouched, since the server's
-        own outgoing frames do not change it. Returns how many were written.
+        Here the frames arrive encoded and are written with `sendall`, under
+        the session's send lock; the WebSocket library's state is untouched,
+        since the server's own outgoing frames do not change it. Returns how
+        many were written.
         """
         sent = 0
         with session.lock:
@@ -429,8 +439,7 @@ class TwitchStandin:
             buffer: list[bytes] = []
             size = 0
             try:
-                for frame in frames:
-                    data = Frame(Opcode.TEXT, frame.encode()).serialize(mask=False)
+                for data in frames:
                     buffer.append(data)
                     size += len(data)
                     if size >= chunk_bytes:
