@@ -32,15 +32,16 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import ServerConnection
+
+from .base import StandinServers
 
 _POLL = 0.02
 
@@ -75,10 +76,11 @@ class _Handoff:
     old: AstroConn
 
 
-class AstroStandin:
+class AstroStandin(StandinServers):
     def __init__(self, *, token: str = "se-jwt-token", token_type: str = "jwt",
                  canonical_rooms: Mapping[str, str] | None = None, ping_interval_secs: float = 30.0,
                  pong_timeout_secs: float = 70.0, reconnect_grace_secs: float = 30.0) -> None:
+        super().__init__("astro", process_request=self._process_request)
         self.token = token
         self.token_type = token_type
         self.canonical_rooms = dict(canonical_rooms or {})
@@ -93,87 +95,43 @@ class AstroStandin:
         self._always_fail: dict[str, str] = {}
         self._handoffs: dict[str, _Handoff] = {}
         self._counter = 0
-        self._cond = threading.Condition()
-        self._closed = False
-        self._server: Server | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle -----------------------------------------------------------------
-
-    def start(self) -> Self:
-        self._server = serve(self._handle, "127.0.0.1", 0, compression=None, ping_interval=None,
-                             close_timeout=1, process_request=self._process_request)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="standin-astro")
-        self._thread.start()
-        return self
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.socket.getsockname()[1])
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/"
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._server is not None:
-            self._server.shutdown()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+        return self._ws_url("/")
 
     # -- control ------------------------------------------------------------------------
 
-    def wait_for(self, cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not cond():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
-            return True
-
     def live(self) -> list[AstroConn]:
-        with self._cond:
+        with self._changed:
             return [c for c in self.connections if c.open]
 
     def subscribed(self, *topics: str, conn: int | None = None) -> bool:
         """True when a live socket (or socket number `conn`) holds every topic."""
-        with self._cond:
+        with self._changed:
             conns = [self.connections[conn]] if conn is not None and conn < len(self.connections) else (
                 [] if conn is not None else [c for c in self.connections if c.open])
             return any(c.open and all(t in c.subscriptions for t in topics) for c in conns)
 
     def refuse_upgrades(self, status: int, retry_after: float | None = None, count: int = 1) -> None:
-        with self._cond:
+        with self._changed:
             self._refusals.extend([(status, retry_after)] * count)
 
     def fail_subscribe(self, topic: str, error: str, times: int | None = 1) -> None:
         """Answer the next `times` subscribes to `topic` with `error` (None: every one)."""
-        with self._cond:
+        with self._changed:
             if times is None:
                 self._always_fail[topic] = error
             else:
                 self._failures.setdefault(topic, []).extend([error] * times)
 
     def allow_subscribe(self, topic: str) -> None:
-        with self._cond:
+        with self._changed:
             self._always_fail.pop(topic, None)
             self._failures.pop(topic, None)
 
     def next_id(self) -> str:
-        with self._cond:
+        with self._changed:
             self._counter += 1
             return f"01STANDIN{self._counter:017d}"
 
@@ -194,7 +152,7 @@ class AstroStandin:
         frame["data"] = dict(data)
         text = json.dumps(frame, separators=(",", ":"))
         reached = 0
-        with self._cond:
+        with self._changed:
             for handoff in self._handoffs.values():
                 if handoff.subscriptions.get(topic) == canonical:
                     handoff.held.append(text)
@@ -203,18 +161,18 @@ class AstroStandin:
                 if conn.open and not conn.reconnecting and conn.subscriptions.get(topic) == canonical:
                     conn.outbox.append(text)
                     reached += 1
-            self._cond.notify_all()
+            self._changed.notify_all()
         return frame, reached
 
     def send_raw(self, text: str, conn: int = -1) -> None:
         """Send any text (malformed on purpose, say) on one socket."""
-        with self._cond:
+        with self._changed:
             self.connections[conn].outbox.append(text)
-            self._cond.notify_all()
+            self._changed.notify_all()
 
     def send_reconnect(self, conn: int = -1, *, honour: bool = True) -> str:
         """Ask a socket to reconnect; returns the reconnect token (refused later if not `honour`)."""
-        with self._cond:
+        with self._changed:
             target = self.connections[conn]
             self._counter += 1
             token = f"reconnect-{self._counter}"
@@ -222,24 +180,24 @@ class AstroStandin:
             target.outbox.append(json.dumps({"type": "reconnect", "data": {
                 "message": "The server is shutting down.", "reconnect_token": token}}))
             target.reconnecting = True
-            self._cond.notify_all()
+            self._changed.notify_all()
             return token
 
     def drop(self, *, abrupt: bool = False, code: int = 1011) -> None:
         """Close every live socket (abrupt: cut TCP without a close frame)."""
-        with self._cond:
+        with self._changed:
             for conn in self.connections:
                 if conn.open:
                     conn.close_request = (code, "dropped on request", abrupt)
-            self._cond.notify_all()
+            self._changed.notify_all()
 
     # -- serving -----------------------------------------------------------------------------
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
-        with self._cond:
+        with self._changed:
             refusal = self._refusals.pop(0) if self._refusals else None
             self.upgrades.append((time.monotonic(), refusal[0] if refusal else 101))
-            self._cond.notify_all()
+            self._changed.notify_all()
         if refusal is None:
             return None
         status, retry_after = refusal
@@ -248,21 +206,21 @@ class AstroStandin:
             response.headers["Retry-After"] = f"{retry_after:g}"
         return response
 
-    def _handle(self, ws: ServerConnection) -> None:
+    def _handle_ws(self, ws: ServerConnection) -> None:
         assert ws.request is not None
         parts = urlsplit(ws.request.path)
         token = parse_qs(parts.query).get("reconnect_token", [None])[0]
-        with self._cond:
+        with self._changed:
             conn = AstroConn(len(self.connections), parts.query, token, time.monotonic())
             self.connections.append(conn)
             handoff = self._handoffs.pop(token, None) if token is not None else None
-            self._cond.notify_all()
+            self._changed.notify_all()
         try:
             if token is not None and (handoff is None or not handoff.honour):
                 ws.close(4000, "invalid reconnect token")
                 self._closed_conn(conn, 4000)
                 return
-            with self._cond:
+            with self._changed:
                 self._counter += 1
                 welcome = {"id": f"01WELCOME{self._counter:017d}",
                            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "type": "welcome",
@@ -273,9 +231,9 @@ class AstroStandin:
                     conn.outbox.extend(handoff.held)
                     handoff.held = []
             ws.send(json.dumps(welcome))
-            with self._cond:
+            with self._changed:
                 conn.welcomed_at = time.monotonic()
-                self._cond.notify_all()
+                self._changed.notify_all()
             self._serve(ws, conn)
         except (ConnectionClosed, OSError):
             pass
@@ -283,11 +241,11 @@ class AstroStandin:
             self._closed_conn(conn, ws.close_code if conn.close_code is None else conn.close_code)
 
     def _closed_conn(self, conn: AstroConn, code: int | None) -> None:
-        with self._cond:
+        with self._changed:
             if conn.open:
                 conn.open = False
                 conn.close_code = code
-            self._cond.notify_all()
+            self._changed.notify_all()
 
     def _serve(self, ws: ServerConnection, conn: AstroConn) -> None:
         pings: list[tuple[float, threading.Event]] = []
@@ -300,8 +258,8 @@ class AstroStandin:
                 text = None
             if text is not None:
                 self._request(conn, text if isinstance(text, str) else text.decode("utf-8", "replace"))
-            with self._cond:
-                if self._closed:
+            with self._changed:
+                if self._stop.is_set():
                     ws.close(1001, "stand-in closing")
                     return
                 out, conn.outbox = conn.outbox, []
@@ -333,11 +291,11 @@ class AstroStandin:
             answered = [p for p in pings if p[1].is_set()]
             if answered:
                 pings = [p for p in pings if not p[1].is_set()]
-                with self._cond:
+                with self._changed:
                     conn.pongs += len(answered)
-                    self._cond.notify_all()
+                    self._changed.notify_all()
             if pings and now - pings[0][0] >= self.pong_timeout:
-                with self._cond:
+                with self._changed:
                     conn.no_pong = True
                 self._closed_conn(conn, 4000)  # recorded first: the close waits for a peer that may not read
                 ws.close(4000, "no pong")
@@ -345,7 +303,7 @@ class AstroStandin:
             if now >= next_ping:
                 next_ping = now + self.ping_interval
                 pings.append((now, ws.ping()))
-                with self._cond:
+                with self._changed:
                     conn.pings += 1
 
     def _request(self, conn: AstroConn, text: str) -> None:
@@ -358,12 +316,12 @@ class AstroStandin:
             return
         nonce = req.get("nonce") if isinstance(req.get("nonce"), str) else None
         data = req["data"]
-        with self._cond:
+        with self._changed:
             conn.subscribes.append((time.monotonic(), req))
-            self._cond.notify_all()
+            self._changed.notify_all()
         if req.get("type") != "subscribe":
             if req.get("type") == "unsubscribe":
-                with self._cond:
+                with self._changed:
                     conn.subscriptions.pop(str(data.get("topic")), None)
                 self._answer(conn, nonce, None, "successfully unsubscribed from topic",
                              topic=data.get("topic"), room=data.get("room"))
@@ -375,7 +333,7 @@ class AstroStandin:
         if not isinstance(topic, str) or not topic:
             self._answer(conn, nonce, "err_bad_request", "topic is required")
             return
-        with self._cond:
+        with self._changed:
             queued = self._failures.get(topic)
             error = queued.pop(0) if queued else self._always_fail.get(topic)
         if error is None and (data.get("token") != self.token or data.get("token_type") != self.token_type):
@@ -384,13 +342,13 @@ class AstroStandin:
             self._answer(conn, nonce, error, f"subscribe to {topic} refused")
             return
         canonical = self.canonical_rooms.get(room, room)
-        with self._cond:
+        with self._changed:
             conn.subscriptions[topic] = canonical
         self._answer(conn, nonce, None, "successfully subscribed to topic", topic=topic, room=canonical)
 
     def _answer(self, conn: AstroConn, nonce: str | None, error: str | None, message: str,
                 **data: Any) -> None:
-        with self._cond:
+        with self._changed:
             self._counter += 1
             frame: dict[str, Any] = {"id": f"01RESPONSE{self._counter:016d}",
                                      "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -399,7 +357,7 @@ class AstroStandin:
                 frame["error"] = error
             frame["data"] = {"message": message, **data}
             conn.outbox.append(json.dumps(frame))
-            self._cond.notify_all()
+            self._changed.notify_all()
 
 
 # -- documents (the shapes of PROTOCOLS.md 5.1; values invented) ---------------------------
