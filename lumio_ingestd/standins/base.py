@@ -13,7 +13,7 @@ StreamElements, Jetstream). It owns:
 - one thread serving each, plus the stand-in's own background `loops`, named
   `standin-<name>-<role>` and not daemons;
 - the lock its state changes under (`_lock`), the condition on it
-  (`_changed`, `_notify()`), `wait_for(predicate, timeout)`, and the stop
+  (`_cond`, `_notify()`), `wait_for(predicate, timeout)`, and the stop
   event (`_stop`) that the loops and handlers watch;
 - `close()`, in this order: the stop event is set under the condition (so
   waiters and handlers wake to it); the WebSocket server shuts down (it
@@ -98,7 +98,7 @@ class StandinServers:
                  process_request: ProcessRequest | None = None) -> None:
         self._name = name
         self._lock = lock if lock is not None else threading.RLock()
-        self._changed = threading.Condition(self._lock)
+        self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._http_handler = http_handler
         self._http_server = http_server
@@ -134,9 +134,9 @@ class StandinServers:
         return self
 
     def close(self) -> None:
-        with self._changed:
+        with self._cond:
             self._stop.set()
-            self._changed.notify_all()
+            self._cond.notify_all()
         if self._ws is not None:
             self._ws.shutdown()
         if self._http is not None:
@@ -168,14 +168,14 @@ class StandinServers:
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         """Whether `predicate` (evaluated under the lock) came true within `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        with self._changed:
+        with self._cond:
             while not predicate():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._changed.wait(min(left, self._wait_poll_secs))
+                self._cond.wait(min(left, self._wait_poll_secs))
             return True
 
     def _notify(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
+        with self._cond:
+            self._cond.notify_all()

@@ -99,13 +99,13 @@ class JetstreamStandin(StandinServers):
 
     def add(self, *events: StandinEvent) -> None:
         """Append events (they go out live to every connection)."""
-        with self._changed:
+        with self._cond:
             self.events.extend(events)
-            self._changed.notify_all()
+            self._cond.notify_all()
 
     def drop_after(self, time_us: int, *, abrupt: bool = False) -> None:
         """Close the connection that handles the event with this time_us, once."""
-        with self._changed:
+        with self._cond:
             self._drops[time_us] = abrupt
 
     def wait_connections(self, n: int, timeout: float = 10.0) -> bool:
@@ -135,7 +135,7 @@ class JetstreamStandin(StandinServers):
             wanted_dids=query.get("wantedDids", []),
             query=parts.query,
         )
-        with self._changed:
+        with self._cond:
             index = self._start_index(log.cursor)
         if query.get("requireHello", [""])[0] == "true":
             # Nothing goes out before the subscriber's options_update sets the filters.
@@ -150,13 +150,13 @@ class JetstreamStandin(StandinServers):
             log.hello = hello["payload"]
             log.wanted_collections = list(log.hello.get("wantedCollections") or [])
             log.wanted_dids = list(log.hello.get("wantedDids") or [])
-        with self._changed:
+        with self._cond:
             self.connections.append(log)
-            self._changed.notify_all()
+            self._cond.notify_all()
         while True:
-            with self._changed:
+            with self._cond:
                 while index >= len(self.events) and not self._stop.is_set():
-                    self._changed.wait(_POLL)
+                    self._cond.wait(_POLL)
                     if index >= len(self.events):
                         break
                 if self._stop.is_set():

@@ -103,35 +103,35 @@ class AstroStandin(StandinServers):
     # -- control ------------------------------------------------------------------------
 
     def live(self) -> list[AstroConn]:
-        with self._changed:
+        with self._cond:
             return [c for c in self.connections if c.open]
 
     def subscribed(self, *topics: str, conn: int | None = None) -> bool:
         """True when a live socket (or socket number `conn`) holds every topic."""
-        with self._changed:
+        with self._cond:
             conns = [self.connections[conn]] if conn is not None and conn < len(self.connections) else (
                 [] if conn is not None else [c for c in self.connections if c.open])
             return any(c.open and all(t in c.subscriptions for t in topics) for c in conns)
 
     def refuse_upgrades(self, status: int, retry_after: float | None = None, count: int = 1) -> None:
-        with self._changed:
+        with self._cond:
             self._refusals.extend([(status, retry_after)] * count)
 
     def fail_subscribe(self, topic: str, error: str, times: int | None = 1) -> None:
         """Answer the next `times` subscribes to `topic` with `error` (None: every one)."""
-        with self._changed:
+        with self._cond:
             if times is None:
                 self._always_fail[topic] = error
             else:
                 self._failures.setdefault(topic, []).extend([error] * times)
 
     def allow_subscribe(self, topic: str) -> None:
-        with self._changed:
+        with self._cond:
             self._always_fail.pop(topic, None)
             self._failures.pop(topic, None)
 
     def next_id(self) -> str:
-        with self._changed:
+        with self._cond:
             self._counter += 1
             return f"01STANDIN{self._counter:017d}"
 
@@ -152,7 +152,7 @@ class AstroStandin(StandinServers):
         frame["data"] = dict(data)
         text = json.dumps(frame, separators=(",", ":"))
         reached = 0
-        with self._changed:
+        with self._cond:
             for handoff in self._handoffs.values():
                 if handoff.subscriptions.get(topic) == canonical:
                     handoff.held.append(text)
@@ -161,18 +161,18 @@ class AstroStandin(StandinServers):
                 if conn.open and not conn.reconnecting and conn.subscriptions.get(topic) == canonical:
                     conn.outbox.append(text)
                     reached += 1
-            self._changed.notify_all()
+            self._cond.notify_all()
         return frame, reached
 
     def send_raw(self, text: str, conn: int = -1) -> None:
         """Send any text (malformed on purpose, say) on one socket."""
-        with self._changed:
+        with self._cond:
             self.connections[conn].outbox.append(text)
-            self._changed.notify_all()
+            self._cond.notify_all()
 
     def send_reconnect(self, conn: int = -1, *, honour: bool = True) -> str:
         """Ask a socket to reconnect; returns the reconnect token (refused later if not `honour`)."""
-        with self._changed:
+        with self._cond:
             target = self.connections[conn]
             self._counter += 1
             token = f"reconnect-{self._counter}"
@@ -180,24 +180,24 @@ class AstroStandin(StandinServers):
             target.outbox.append(json.dumps({"type": "reconnect", "data": {
                 "message": "The server is shutting down.", "reconnect_token": token}}))
             target.reconnecting = True
-            self._changed.notify_all()
+            self._cond.notify_all()
             return token
 
     def drop(self, *, abrupt: bool = False, code: int = 1011) -> None:
         """Close every live socket (abrupt: cut TCP without a close frame)."""
-        with self._changed:
+        with self._cond:
             for conn in self.connections:
                 if conn.open:
                     conn.close_request = (code, "dropped on request", abrupt)
-            self._changed.notify_all()
+            self._cond.notify_all()
 
     # -- serving -----------------------------------------------------------------------------
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
-        with self._changed:
+        with self._cond:
             refusal = self._refusals.pop(0) if self._refusals else None
             self.upgrades.append((time.monotonic(), refusal[0] if refusal else 101))
-            self._changed.notify_all()
+            self._cond.notify_all()
         if refusal is None:
             return None
         status, retry_after = refusal
@@ -210,17 +210,17 @@ class AstroStandin(StandinServers):
         assert ws.request is not None
         parts = urlsplit(ws.request.path)
         token = parse_qs(parts.query).get("reconnect_token", [None])[0]
-        with self._changed:
+        with self._cond:
             conn = AstroConn(len(self.connections), parts.query, token, time.monotonic())
             self.connections.append(conn)
             handoff = self._handoffs.pop(token, None) if token is not None else None
-            self._changed.notify_all()
+            self._cond.notify_all()
         try:
             if token is not None and (handoff is None or not handoff.honour):
                 ws.close(4000, "invalid reconnect token")
                 self._closed_conn(conn, 4000)
                 return
-            with self._changed:
+            with self._cond:
                 self._counter += 1
                 welcome = {"id": f"01WELCOME{self._counter:017d}",
                            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "type": "welcome",
@@ -231,9 +231,9 @@ class AstroStandin(StandinServers):
                     conn.outbox.extend(handoff.held)
                     handoff.held = []
             ws.send(json.dumps(welcome))
-            with self._changed:
+            with self._cond:
                 conn.welcomed_at = time.monotonic()
-                self._changed.notify_all()
+                self._cond.notify_all()
             self._serve(ws, conn)
         except (ConnectionClosed, OSError):
             pass
@@ -241,11 +241,11 @@ class AstroStandin(StandinServers):
             self._closed_conn(conn, ws.close_code if conn.close_code is None else conn.close_code)
 
     def _closed_conn(self, conn: AstroConn, code: int | None) -> None:
-        with self._changed:
+        with self._cond:
             if conn.open:
                 conn.open = False
                 conn.close_code = code
-            self._changed.notify_all()
+            self._cond.notify_all()
 
     def _serve(self, ws: ServerConnection, conn: AstroConn) -> None:
         pings: list[tuple[float, threading.Event]] = []
@@ -258,7 +258,7 @@ class AstroStandin(StandinServers):
                 text = None
             if text is not None:
                 self._request(conn, text if isinstance(text, str) else text.decode("utf-8", "replace"))
-            with self._changed:
+            with self._cond:
                 if self._stop.is_set():
                     ws.close(1001, "stand-in closing")
                     return
@@ -291,11 +291,11 @@ class AstroStandin(StandinServers):
             answered = [p for p in pings if p[1].is_set()]
             if answered:
                 pings = [p for p in pings if not p[1].is_set()]
-                with self._changed:
+                with self._cond:
                     conn.pongs += len(answered)
-                    self._changed.notify_all()
+                    self._cond.notify_all()
             if pings and now - pings[0][0] >= self.pong_timeout:
-                with self._changed:
+                with self._cond:
                     conn.no_pong = True
                 self._closed_conn(conn, 4000)  # recorded first: the close waits for a peer that may not read
                 ws.close(4000, "no pong")
@@ -303,7 +303,7 @@ class AstroStandin(StandinServers):
             if now >= next_ping:
                 next_ping = now + self.ping_interval
                 pings.append((now, ws.ping()))
-                with self._changed:
+                with self._cond:
                     conn.pings += 1
 
     def _request(self, conn: AstroConn, text: str) -> None:
@@ -316,12 +316,12 @@ class AstroStandin(StandinServers):
             return
         nonce = req.get("nonce") if isinstance(req.get("nonce"), str) else None
         data = req["data"]
-        with self._changed:
+        with self._cond:
             conn.subscribes.append((time.monotonic(), req))
-            self._changed.notify_all()
+            self._cond.notify_all()
         if req.get("type") != "subscribe":
             if req.get("type") == "unsubscribe":
-                with self._changed:
+                with self._cond:
                     conn.subscriptions.pop(str(data.get("topic")), None)
                 self._answer(conn, nonce, None, "successfully unsubscribed from topic",
                              topic=data.get("topic"), room=data.get("room"))
@@ -333,7 +333,7 @@ class AstroStandin(StandinServers):
         if not isinstance(topic, str) or not topic:
             self._answer(conn, nonce, "err_bad_request", "topic is required")
             return
-        with self._changed:
+        with self._cond:
             queued = self._failures.get(topic)
             error = queued.pop(0) if queued else self._always_fail.get(topic)
         if error is None and (data.get("token") != self.token or data.get("token_type") != self.token_type):
@@ -342,13 +342,13 @@ class AstroStandin(StandinServers):
             self._answer(conn, nonce, error, f"subscribe to {topic} refused")
             return
         canonical = self.canonical_rooms.get(room, room)
-        with self._changed:
+        with self._cond:
             conn.subscriptions[topic] = canonical
         self._answer(conn, nonce, None, "successfully subscribed to topic", topic=topic, room=canonical)
 
     def _answer(self, conn: AstroConn, nonce: str | None, error: str | None, message: str,
                 **data: Any) -> None:
-        with self._changed:
+        with self._cond:
             self._counter += 1
             frame: dict[str, Any] = {"id": f"01RESPONSE{self._counter:016d}",
                                      "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -357,7 +357,7 @@ class AstroStandin(StandinServers):
                 frame["error"] = error
             frame["data"] = {"message": message, **data}
             conn.outbox.append(json.dumps(frame))
-            self._changed.notify_all()
+            self._cond.notify_all()
 
 
 # -- documents (the shapes of PROTOCOLS.md 5.1; values invented) ---------------------------
