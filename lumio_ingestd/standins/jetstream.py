@@ -31,16 +31,16 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import ServerConnection
+
+from .base import StandinServers
 
 _POLL = 0.05
 
@@ -80,51 +80,20 @@ class ConnectionLog:
     hello: dict[str, Any] | None = None  # the options_update payload, with requireHello=true
 
 
-class JetstreamStandin:
+class JetstreamStandin(StandinServers):
     def __init__(self, events: Iterable[StandinEvent] = (), *, oldest_retained_us: int | None = None,
                  ignore_filters: bool = False) -> None:
+        # close_timeout: the websockets default, which this stand-in has always had.
+        super().__init__("jetstream", close_timeout_secs=10.0)
         self.events: list[StandinEvent] = list(events)
         self.oldest_retained_us = oldest_retained_us
         self.ignore_filters = ignore_filters  # an instance that sends everything (they differ)
         self.connections: list[ConnectionLog] = []
         self._drops: dict[int, bool] = {}  # time_us -> abrupt
-        self._cond = threading.Condition()
-        self._closed = False
-        self._server: Server | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle ---------------------------------------------------------------
-
-    def start(self) -> Self:
-        self._server = serve(self._handle, "127.0.0.1", 0, compression=None, ping_interval=None)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="standin-jetstream")
-        self._thread.start()
-        return self
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.socket.getsockname()[1])
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/subscribe"
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._server is not None:
-            self._server.shutdown()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+        return self._ws_url("/subscribe")
 
     # -- control -------------------------------------------------------------------
 
@@ -140,14 +109,7 @@ class JetstreamStandin:
             self._drops[time_us] = abrupt
 
     def wait_connections(self, n: int, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while len(self.connections) < n:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
+        return self.wait_for(lambda: len(self.connections) >= n, timeout)
 
     # -- serving ---------------------------------------------------------------------
 
@@ -162,7 +124,7 @@ class JetstreamStandin:
                 return i
         return len(self.events)
 
-    def _handle(self, conn: ServerConnection) -> None:
+    def _handle_ws(self, conn: ServerConnection) -> None:
         assert conn.request is not None
         parts = urlsplit(conn.request.path)
         query = parse_qs(parts.query)
@@ -193,11 +155,11 @@ class JetstreamStandin:
             self._cond.notify_all()
         while True:
             with self._cond:
-                while index >= len(self.events) and not self._closed:
+                while index >= len(self.events) and not self._stop.is_set():
                     self._cond.wait(_POLL)
                     if index >= len(self.events):
                         break
-                if self._closed:
+                if self._stop.is_set():
                     return
                 ev = self.events[index] if index < len(self.events) else None
                 drop = self._drops.pop(ev.time_us, None) if ev is not None else None

@@ -40,18 +40,19 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import ServerConnection
 
 from ..sources.kick.signature import RSA_OID, emsa_pkcs1_v15_sha256, signed_bytes
+from .base import JsonHandler, StandinHttpServer, StandinServers
 
 APP_KEY = "32cbd69e4b950bf97679"
 
@@ -187,10 +188,16 @@ class PusherConnection:
         return not self.closed.is_set()
 
 
-class KickStandin:
+class _HttpServer(StandinHttpServer):
+    request_queue_size = 256
+
+
+class KickStandin(StandinServers):
     def __init__(self, *, client_id: str = "kick-standin-client", client_secret: str = "kick-standin-secret",
                  activity_timeout: int = 120, server_ping_after_secs: float | None = None,
                  pong_timeout_secs: float = 30.0, token_lifetime_secs: int = 3600) -> None:
+        super().__init__("kick", http_handler=_http_handler(self), http_server=_HttpServer,
+                         loops=[("timers", self._timers)])
         self.client_id = client_id
         self.client_secret = client_secret
         self.activity_timeout = activity_timeout
@@ -212,74 +219,24 @@ class KickStandin:
         self.api_status: dict[str, int] = {}  # "METHOD" -> forced error status, until removed
         self._live: dict[str, dict[str, Any]] = {}
         self._tokens: set[str] = set()
-        # Re-entrant: a wait_for() predicate may call methods that take it.
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
         self._socket_ids = itertools.count(1)
-        self._ws: Server | None = None
-        self._http: ThreadingHTTPServer | None = None
-        self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()
-        self.ws_port = 0
-        self.http_port = 0
 
-    # -- lifecycle ----------------------------------------------------------------------
-
-    def start(self) -> KickStandin:
-        self._ws = serve(self._handle_ws, "127.0.0.1", 0, ping_interval=None, compression=None,
-                         close_timeout=1)
-        self.ws_port = self._ws.socket.getsockname()[1]
-        self._http = _HttpServer(("127.0.0.1", 0), _http_handler(self))
-        self.http_port = self._http.server_address[1]
-        http_server = self._http
-        for name, target in (("standin-kick-ws", self._ws.serve_forever),
-                             ("standin-kick-http", lambda: http_server.serve_forever(poll_interval=0.05)),
-                             ("standin-kick-timers", self._timers)):
-            thread = threading.Thread(target=target, name=name)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._ws is not None:
-            self._ws.shutdown()
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-        for thread in self._threads:
-            thread.join(10)
-
-    def __enter__(self) -> KickStandin:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    # -- URLs (the base owns the servers' lifecycle) -----------------------------------------
 
     @property
     def pusher_url(self) -> str:
-        return f"ws://127.0.0.1:{self.ws_port}/app/{APP_KEY}?protocol=7&client=js&version=8.4.0&flash=false"
+        return self._ws_url(f"/app/{APP_KEY}?protocol=7&client=js&version=8.4.0&flash=false")
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}/public/v1"
+        return self._http_url("/public/v1")
 
     @property
     def oauth_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return self._http_url("")
 
     def public_pem(self) -> str:
         return self.key.public_pem()
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(min(left, 0.05))
-        return True
 
     def wait_subscribed(self, channel: str, n: int = 1, timeout: float = 10.0) -> PusherConnection:
         """The `n`-th connection (1-based) that subscribed to `channel`, once it has."""
@@ -287,10 +244,6 @@ class KickStandin:
             return len([c for c in self.connections if channel in c.channels]) >= n
         assert self.wait_for(found, timeout), f"no connection #{n} subscribed to {channel}"
         return [c for c in self.connections if channel in c.channels][n - 1]
-
-    def _notify(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
 
     # -- Pusher -------------------------------------------------------------------------
 
@@ -583,24 +536,8 @@ def _ulid() -> str:
     return "".join(_ULID_ALPHABET[(value >> (5 * i)) & 31] for i in reversed(range(26)))
 
 
-class _HttpServer(ThreadingHTTPServer):
-    request_queue_size = 256
-    daemon_threads = True
-
-
 def _http_handler(standin: KickStandin) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
-
-        def _answer(self, status: int, obj: Mapping[str, Any] | None) -> None:
-            body = b"" if obj is None else json.dumps(obj).encode()
-            self.send_response(status)
-            if obj is not None:
-                self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(JsonHandler):
         def _route(self, method: str) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
@@ -609,8 +546,7 @@ def _http_handler(standin: KickStandin) -> type[BaseHTTPRequestHandler]:
             if method == "POST" and url.path == "/oauth/token":
                 status, obj = standin._token(body)
             else:
-                status, obj = standin._api(method, url.path, parse_qs(url.query),
-                                           {k.lower(): v for k, v in self.headers.items()}, body)
+                status, obj = standin._api(method, url.path, parse_qs(url.query), self._headers(), body)
             with standin._lock:
                 standin.api_requests.append((method, url.path, status))
             self._answer(status, obj)
@@ -623,8 +559,5 @@ def _http_handler(standin: KickStandin) -> type[BaseHTTPRequestHandler]:
 
         def do_DELETE(self) -> None:  # noqa: N802
             self._route("DELETE")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # quiet: the callers log what matters
 
     return Handler

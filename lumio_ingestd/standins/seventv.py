@@ -35,14 +35,16 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import ServerConnection
+
+from .base import JsonHandler, StandinServers
 
 ACTOR = {"id": "01STANDINACTOR000000000000", "username": "standin", "display_name": "Standin"}
 
@@ -76,9 +78,11 @@ class StandinUser:
     set_id: str | None
 
 
-class SevenTvStandin:
+class SevenTvStandin(StandinServers):
     def __init__(self, *, heartbeat_interval_ms: int = 1000, subscription_limit: int | None = 500,
                  heartbeat_on_connect: bool = True) -> None:
+        super().__init__("seventv", http_handler=_http_handler(self),
+                         loops=[("heartbeats", self._heartbeats)])
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.subscription_limit = subscription_limit
         self.heartbeat_on_connect = heartbeat_on_connect
@@ -96,74 +100,21 @@ class SevenTvStandin:
         #: Answer every op 35 Subscribe with an op 6 Error and keep nothing (a welcomed session
         #: that never becomes a working one).
         self.refuse_subscribes = False
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
         self._numbers = itertools.count(1)
         self._ids = itertools.count(1)
         self._clock_ms = 0
-        self._ws: Server | None = None
-        self._http: ThreadingHTTPServer | None = None
-        self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()
-        self.ws_port = 0
-        self.http_port = 0
 
-    # -- lifecycle ----------------------------------------------------------------------
-
-    def start(self) -> SevenTvStandin:
-        self._ws = serve(self._handle_ws, "127.0.0.1", 0, ping_interval=None, compression=None,
-                         close_timeout=1)
-        self.ws_port = self._ws.socket.getsockname()[1]
-        self._http = _HttpServer(("127.0.0.1", 0), _http_handler(self))
-        self.http_port = self._http.server_address[1]
-        http = self._http
-        for name, target in (("standin-seventv-ws", self._ws.serve_forever),
-                             ("standin-seventv-http", lambda: http.serve_forever(poll_interval=0.05)),
-                             ("standin-seventv-heartbeats", self._heartbeats)):
-            thread = threading.Thread(target=target, name=name)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._ws is not None:
-            self._ws.shutdown()
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-        for thread in self._threads:
-            thread.join(10)
-
-    def __enter__(self) -> SevenTvStandin:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    # -- URLs (the base owns the servers' lifecycle) -----------------------------------------
 
     @property
     def eventapi_url(self) -> str:
-        return f"ws://127.0.0.1:{self.ws_port}/v3"
+        return self._ws_url("/v3")
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}/v3"
+        return self._http_url("/v3")
 
-    # -- waiting ----------------------------------------------------------------------------
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(min(left, 0.05))
-            return True
-
-    def _notify(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
+    # -- connections --------------------------------------------------------------------------
 
     def open_connections(self) -> list[StandinConnection]:
         with self._lock:
@@ -437,25 +388,9 @@ class SevenTvStandin:
                 "capacity": 1000}
 
 
-class _HttpServer(ThreadingHTTPServer):
-    request_queue_size = 512
-    daemon_threads = True
-
-
 def _http_handler(standin: SevenTvStandin) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:  # noqa: N802 - the standard library's name
-            status, obj = standin._rest(urlsplit(self.path).path)
-            body = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+            self._answer(*standin._rest(urlsplit(self.path).path))
 
     return Handler

@@ -32,15 +32,16 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import ServerConnection
+
+from .base import StandinServers
 
 _POLL = 0.02
 
@@ -75,10 +76,11 @@ class _Handoff:
     old: AstroConn
 
 
-class AstroStandin:
+class AstroStandin(StandinServers):
     def __init__(self, *, token: str = "se-jwt-token", token_type: str = "jwt",
                  canonical_rooms: Mapping[str, str] | None = None, ping_interval_secs: float = 30.0,
                  pong_timeout_secs: float = 70.0, reconnect_grace_secs: float = 30.0) -> None:
+        super().__init__("astro", process_request=self._process_request)
         self.token = token
         self.token_type = token_type
         self.canonical_rooms = dict(canonical_rooms or {})
@@ -93,56 +95,12 @@ class AstroStandin:
         self._always_fail: dict[str, str] = {}
         self._handoffs: dict[str, _Handoff] = {}
         self._counter = 0
-        self._cond = threading.Condition()
-        self._closed = False
-        self._server: Server | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle -----------------------------------------------------------------
-
-    def start(self) -> Self:
-        self._server = serve(self._handle, "127.0.0.1", 0, compression=None, ping_interval=None,
-                             close_timeout=1, process_request=self._process_request)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="standin-astro")
-        self._thread.start()
-        return self
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.socket.getsockname()[1])
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/"
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._server is not None:
-            self._server.shutdown()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+        return self._ws_url("/")
 
     # -- control ------------------------------------------------------------------------
-
-    def wait_for(self, cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not cond():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
-            return True
 
     def live(self) -> list[AstroConn]:
         with self._cond:
@@ -248,7 +206,7 @@ class AstroStandin:
             response.headers["Retry-After"] = f"{retry_after:g}"
         return response
 
-    def _handle(self, ws: ServerConnection) -> None:
+    def _handle_ws(self, ws: ServerConnection) -> None:
         assert ws.request is not None
         parts = urlsplit(ws.request.path)
         token = parse_qs(parts.query).get("reconnect_token", [None])[0]
@@ -301,7 +259,7 @@ class AstroStandin:
             if text is not None:
                 self._request(conn, text if isinstance(text, str) else text.decode("utf-8", "replace"))
             with self._cond:
-                if self._closed:
+                if self._stop.is_set():
                     ws.close(1001, "stand-in closing")
                     return
                 out, conn.outbox = conn.outbox, []

@@ -62,16 +62,17 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import ServerConnection
 
+from .base import JsonHandler, StandinHttpServer, StandinServers
 from .twitch_events import now_text
 
 # type+version -> condition keys that must all be present (any one of the tuples).
@@ -126,13 +127,23 @@ class StandinSession:
         return not self.closed.is_set()
 
 
-class TwitchStandin:
+class _HttpServer(StandinHttpServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up on a request (a hung /streams, on purpose) is no error here.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
+class TwitchStandin(StandinServers):
     def __init__(self, *, client_id: str = "standin-client-id", client_secret: str = "standin-client-secret",
                  user_id: str = "12826", access_token: str = "access-0",
                  refresh_token: str = "refresh-0", subscribe_window_secs: float = 10.0,
                  min_keepalive: int = 10, ping_interval_secs: float | None = None,
                  pong_timeout_secs: float = 5.0, reconnect_grace_secs: float = 30.0,
                  reconnect_welcome_delay_secs: float = 0.0) -> None:
+        super().__init__("twitch", lock=threading.Lock(), http_handler=_http_handler(self),
+                         http_server=_HttpServer, loops=[("timers", self._timers)], wait_poll_secs=0.1)
         self.client_id = client_id
         self.client_secret = client_secret
         self.user_id = user_id
@@ -162,81 +173,30 @@ class TwitchStandin:
         self.ratelimit_points = 800  # the bucket: points per minute
         self._bucket = 800
         self._bucket_reset = 0.0
-        self._unhang = threading.Event()
         self.subscriptions: list[dict[str, Any]] = []  # every subscription created (with "elapsed")
         self.helix_requests: list[tuple[int, str]] = []  # (status, type)
         self.inbound: list[tuple[str, object]] = []  # (session id, data frame) the client sent
         self.connections = 0  # WebSocket handshakes completed (a session exists once welcomed)
         self.validations = 0
         self.refreshes = 0
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._counter = itertools.count(1)
         self._tokens = itertools.count(1)
-        self._ws: Server | None = None
-        self._http: ThreadingHTTPServer | None = None
-        self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()
-        self.ws_port = 0
-        self.http_port = 0
 
-    # -- lifecycle ----------------------------------------------------------------------
-
-    def start(self) -> TwitchStandin:
-        self._ws = serve(self._handle_ws, "127.0.0.1", 0, ping_interval=None, compression=None,
-                         close_timeout=1)
-        self.ws_port = self._ws.socket.getsockname()[1]
-        self._http = _HttpServer(("127.0.0.1", 0), _http_handler(self))
-        self.http_port = self._http.server_address[1]
-        http = self._http
-        for name, target in (("standin-twitch-ws", self._ws.serve_forever),
-                             ("standin-twitch-http", lambda: http.serve_forever(poll_interval=0.05)),
-                             ("standin-twitch-timers", self._timers)):
-            thread = threading.Thread(target=target, name=name)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        self._unhang.set()
-        if self._ws is not None:
-            self._ws.shutdown()
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-        for thread in self._threads:
-            thread.join(10)
-
-    def __enter__(self) -> TwitchStandin:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    # -- URLs (the base owns the servers' lifecycle) -----------------------------------------
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.ws_port}/ws"
+        return self._ws_url("/ws")
 
     @property
     def helix_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}/helix"
+        return self._http_url("/helix")
 
     @property
     def oauth_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}/oauth2"
+        return self._http_url("/oauth2")
 
     # -- waiting ---------------------------------------------------------------------------
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(min(left, 0.1))
-            return True
 
     def wait_session(self, n: int, *, subscribed: bool = True, timeout: float = 10.0) -> StandinSession:
         """The n-th session (1-based) once it exists (and has subscriptions, if asked)."""
@@ -248,10 +208,6 @@ class TwitchStandin:
                                f"within {timeout}s (sessions: {seen})")
         return self.sessions[n - 1]
 
-    def _notify_changed(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
-
     # -- the WebSocket side -----------------------------------------------------------------
 
     def _handle_ws(self, conn: ServerConnection) -> None:
@@ -259,7 +215,7 @@ class TwitchStandin:
         assert request is not None
         with self._lock:
             self.connections += 1
-        self._notify_changed()
+        self._notify()
         query = parse_qs(urlsplit(request.path).query)
         old: StandinSession | None = None
         if "reconnect_id" in query:
@@ -292,7 +248,7 @@ class TwitchStandin:
         session.welcomed_at = time.monotonic()
         if old is not None:
             old.handed_over = True
-        self._notify_changed()
+        self._notify()
         try:
             while not session.closed.is_set():
                 try:
@@ -307,7 +263,7 @@ class TwitchStandin:
             if not session.closed.is_set():
                 session.closed_at = time.monotonic()
                 session.closed.set()
-            self._notify_changed()
+            self._notify()
 
     def _metadata(self, message_type: str, *, message_id: str | None = None,
                   sub_type: str | None = None, version: str = "1",
@@ -492,7 +448,7 @@ class TwitchStandin:
             session.conn.close(code, reason)
         except ConnectionClosed:
             pass
-        self._notify_changed()
+        self._notify()
 
     def expire_access_token(self) -> None:
         """The current access token stops working (validate and Helix answer 401)."""
@@ -536,9 +492,9 @@ class TwitchStandin:
         record: dict[str, Any] = {"user_ids": list(user_ids), "token": token, "status": 0}
         with self._lock:
             self.streams_requests.append(record)
-        self._notify_changed()
+        self._notify()
         if self.streams_hang:
-            self._unhang.wait(120)
+            self._stop.wait(120)  # set by close()
         now = time.time()
         with self._lock:
             if now >= self._bucket_reset:
@@ -550,7 +506,7 @@ class TwitchStandin:
                       "Ratelimit-Remaining": str(self._bucket),
                       "Ratelimit-Reset": str(int(self._bucket_reset))}
             record["status"] = status
-        self._notify_changed()
+        self._notify()
         return status, obj, limits
 
     def _streams_answer(self, headers: Mapping[str, str], token: str,
@@ -611,7 +567,7 @@ class TwitchStandin:
         elapsed = time.monotonic() - (session.welcomed_at or session.opened_at)
         with self._lock:
             self.subscriptions.append({**created, "elapsed": elapsed})
-        self._notify_changed()
+        self._notify()
         return 202, {"data": [created], "total": len(session.subscriptions), "total_cost": 0,
                      "max_total_cost": 10}
 
@@ -651,37 +607,8 @@ class TwitchStandin:
                          "token_type": "bearer"}
 
 
-class _HttpServer(ThreadingHTTPServer):
-    # Hundreds of sources subscribing at once must not find the accept queue
-    # full (5 by default: the kernel then resets connections, which Twitch does not).
-    request_queue_size = 512
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that gave up on a request (a hung /streams, on purpose) is no error here.
-        if isinstance(sys.exc_info()[1], ConnectionError):
-            return
-        super().handle_error(request, client_address)
-
-
 def _http_handler(standin: TwitchStandin) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
-
-        def _answer(self, status: int, obj: Mapping[str, Any],
-                    headers: Mapping[str, str] | None = None) -> None:
-            body = json.dumps(obj).encode()
-            self.send_response(status)
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _headers(self) -> dict[str, str]:
-            return {k.lower(): v for k, v in self.headers.items()}
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:  # noqa: N802 - the standard library's name
             parts = urlsplit(self.path)
             if parts.path == "/oauth2/validate":
@@ -708,8 +635,5 @@ def _http_handler(standin: TwitchStandin) -> type[BaseHTTPRequestHandler]:
                 self._answer(*standin._token(body))
             else:
                 self._answer(404, {"message": "not found"})
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # quiet: the callers log what matters
 
     return Handler
