@@ -117,7 +117,17 @@ class Pipeline:
             source.start()
 
     def flushed(self) -> float:
-        return self.metrics.registry.get_sample_value("chat_messages_flushed_total") or 0.0
+        """chat_messages_flushed_total, read from its counter alone.
+
+        Polled every few ms while the clock runs: `registry.get_sample_value`
+        collects every metric of the registry, which with 16 sources took
+        ~7 % of the interpreter lock from the pipeline being measured.
+        """
+        for metric in self.metrics.chat_messages_flushed.collect():
+            for sample in metric.samples:
+                if sample.name == "chat_messages_flushed_total":
+                    return float(sample.value)
+        return 0.0
 
     def close(self) -> None:
         for source in self.sources:
