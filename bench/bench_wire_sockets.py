@@ -25,8 +25,9 @@ until the last replica's flusher has committed its last message
 CLOCK_MONOTONIC); then every account's row count and the distinct message ids
 are checked (every message stored once). Reported per configuration:
 aggregate messages/s (the machine-wide figure for two replicas), each
-replica's own (its messages / its time to its last commit) and the
-stand-in's send rate.
+replica's own (its messages / its time to its last commit), the CPU the
+replica processes spent per message (user + system, all their threads, from
+the blast to their last commit) and the stand-in's send rate.
 
 Prints a table and writes bench/results/bench_wire_sockets.json. Not a test.
 """
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -60,25 +62,32 @@ def _reply(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 def replica_main(config: str) -> int:
     """Child side: one replica's pipeline, driven over stdin/stdout.
 
         -> {"broadcasters"}                    once its sources are started
-        <- {"cmd": "arm"}                      -> {"ok"}: the flushed count now is the base
-        <- {"cmd": "await", "n": N}            -> {"ok", "done_at"}: when base + N were committed
-                                                  (time.monotonic(); "ok" false on timeout)
+        <- {"cmd": "arm"}                      -> {"ok"}: the flushed count and CPU time now are the base
+        <- {"cmd": "await", "n": N}            -> {"ok", "done_at", "cpu_secs"}: when base + N were
+                                                  committed (time.monotonic(); "ok" false on
+                                                  timeout), and this process's CPU (user + system)
+                                                  since "arm"
         <- {"cmd": "quit"}                     -> stops and exits
     """
     logging.basicConfig(level=logging.ERROR)  # as run_all: a stopping source may warn
     pipeline = Pipeline(load(config, {}))
     pipeline.start()
-    base = 0.0
+    base = cpu_base = 0.0
     try:
         _reply({"broadcasters": pipeline.broadcasters})
         for line in sys.stdin:
             cmd = json.loads(line)
             if cmd["cmd"] == "arm":
-                base = pipeline.flushed()
+                base, cpu_base = pipeline.flushed(), _cpu()
                 _reply({"ok": True})
             elif cmd["cmd"] == "await":
                 def committed(target: float = base + int(cmd["n"])) -> bool:
@@ -86,7 +95,8 @@ def replica_main(config: str) -> int:
 
                 # A tight poll: the flusher commits every 0.2 s, the clock must not add to that.
                 ok = wait_until(committed, FLUSH_TIMEOUT_SECS, interval=0.002)
-                _reply({"ok": ok, "done_at": time.monotonic()})
+                done_at = time.monotonic()
+                _reply({"ok": ok, "done_at": done_at, "cpu_secs": _cpu() - cpu_base})
             elif cmd["cmd"] == "quit":
                 break
     finally:
@@ -198,6 +208,7 @@ def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int
                 "per_replica": [n * per_account / e for n, e in zip(owned, elapsed, strict=True)],
                 "standin_send": sent["sent"] / sent["seconds"],
                 "seconds": max(elapsed),
+                "cpu_us_per_message": sum(d["cpu_secs"] for d in done) / total * 1e6,
             })
             print(f"  (a) {replicas} process(es) x {sockets} socket(s), run {r + 1}/{runs}: "
                   f"{per_run[-1]['aggregate']:,.0f} msg/s", file=sys.stderr, flush=True)
@@ -210,7 +221,8 @@ def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int
             "messages_per_socket": per_account, "per_run": per_run,
             "aggregate": statistics.median(x["aggregate"] for x in per_run),
             "per_replica": median_run["per_replica"],
-            "standin_send": statistics.median(x["standin_send"] for x in per_run)}
+            "standin_send": statistics.median(x["standin_send"] for x in per_run),
+            "cpu_us_per_message": statistics.median(x["cpu_us_per_message"] for x in per_run)}
 
 
 def run(messages: int = 50_000, runs: int = 3, sockets: tuple[int, ...] = (1, 4, 16),
@@ -255,10 +267,11 @@ def main() -> int:
         return replica_main(args.replica)
     result = run(args.messages, args.runs, args.sockets, args.replica_sockets)
     title = f"chat end to end, {args.messages:,} messages (median of {args.runs})"
-    print(f"{title:<56}{'msg/s':>10}  {'per replica':>16}  {'stand-in send':>14}")
+    print(f"{title:<56}{'msg/s':>10}  {'per replica':>16}  {'CPU us/msg':>10}  {'stand-in send':>14}")
     for c in result["configs"]:
         each = " / ".join(f"{x:,.0f}" for x in c["per_replica"]) if c["replicas"] > 1 else ""
-        print(f"{config_label(c):<56}{c['aggregate']:>10,.0f}  {each:>16}  {c['standin_send']:>14,.0f}")
+        print(f"{config_label(c):<56}{c['aggregate']:>10,.0f}  {each:>16}  {c['cpu_us_per_message']:>10.0f}  "
+              f"{c['standin_send']:>14,.0f}")
     if result["ratio_most_sockets_to_one"] is not None:
         print(f"{'most sockets / one socket, one process':<56}{result['ratio_most_sockets_to_one']:>10.2f}")
     out = ROOT / "bench" / "results" / "bench_wire_sockets.json"

@@ -124,18 +124,23 @@ def _timed(label: str, fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any]
 def sockets_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     """(a)'s many-socket rows: one process, then replicas (machine-wide, and each)."""
     rows: list[tuple[str, str]] = []
-    for c in s["configs"]:
+    one = [c for c in s["configs"] if c["replicas"] == 1]
+    for c in one:
         n = c["sockets_per_replica"]
-        if c["replicas"] == 1:
-            rows.append((f"    {n} socket{'s' if n > 1 else ''}, one process (total split evenly)",
-                         f"{c['aggregate']:,.0f} msg/s"))
-        else:
+        rows.append((f"    {n} socket{'s' if n > 1 else ''}, one process (total split evenly)",
+                     f"{c['aggregate']:,.0f} msg/s"))
+    if one:
+        rows.append((f"    process CPU per message, {' / '.join(str(c['sockets_per_replica']) for c in one)} "
+                     "socket(s)", " / ".join(f"{c['cpu_us_per_message']:.0f}" for c in one) + " us"))
+    if s["ratio_most_sockets_to_one"] is not None:
+        most = max(c["sockets_per_replica"] for c in one)
+        rows.append((f"    {most} sockets / 1 socket, one process", f"{s['ratio_most_sockets_to_one']:.2f}"))
+    for c in s["configs"]:
+        if c["replicas"] > 1:
+            n = c["sockets_per_replica"]
             rows.append((f"    {c['replicas']} replicas x {n} socket{'s' if n > 1 else ''}, machine-wide",
                          f"{c['aggregate']:,.0f} msg/s"))
             rows.append(("      each replica", " / ".join(f"{x:,.0f}" for x in c["per_replica"]) + " msg/s"))
-    if s["ratio_most_sockets_to_one"] is not None:
-        most = max(c["sockets_per_replica"] for c in s["configs"] if c["replicas"] == 1)
-        rows.append((f"    {most} sockets / 1 socket, one process", f"{s['ratio_most_sockets_to_one']:.2f}"))
     return rows
 
 
