@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,9 +63,27 @@ def _reply(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _cpu() -> float:
+def _cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process, and of its threads by role.
+
+    Read from /proc/self/task/TID/stat for each live Python thread (the
+    kernel's names are all "python" before 3.14, so the Python names decide):
+    "sources" (every source-* thread), "flusher" (chat-flush), "other".
+    """
     times = os.times()
-    return times.user + times.system
+    out = {"process": times.user + times.system, "sources": 0.0, "flusher": 0.0, "other": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for thread in threading.enumerate():
+        try:
+            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()
+        secs = (int(fields[11]) + int(fields[12])) / tick  # utime, stime: fields 14 and 15
+        role = ("sources" if thread.name.startswith("source-") else
+                "flusher" if thread.name == "chat-flush" else "other")
+        out[role] += secs
+    return out
 
 
 def replica_main(config: str) -> int:
@@ -74,14 +93,16 @@ def replica_main(config: str) -> int:
         <- {"cmd": "arm"}                      -> {"ok"}: the flushed count and CPU time now are the base
         <- {"cmd": "await", "n": N}            -> {"ok", "done_at", "cpu_secs"}: when base + N were
                                                   committed (time.monotonic(); "ok" false on
-                                                  timeout), and this process's CPU (user + system)
-                                                  since "arm"
+                                                  timeout), and the CPU (user + system) since
+                                                  "arm" of the process and of its threads by
+                                                  role (`_cpu`)
         <- {"cmd": "quit"}                     -> stops and exits
     """
     logging.basicConfig(level=logging.ERROR)  # as run_all: a stopping source may warn
     pipeline = Pipeline(load(config, {}))
     pipeline.start()
-    base = cpu_base = 0.0
+    base = 0.0
+    cpu_base = _cpu()
     try:
         _reply({"broadcasters": pipeline.broadcasters})
         for line in sys.stdin:
@@ -96,7 +117,9 @@ def replica_main(config: str) -> int:
                 # A tight poll: the flusher commits every 0.2 s, the clock must not add to that.
                 ok = wait_until(committed, FLUSH_TIMEOUT_SECS, interval=0.002)
                 done_at = time.monotonic()
-                _reply({"ok": ok, "done_at": done_at, "cpu_secs": _cpu() - cpu_base})
+                cpu = _cpu()
+                _reply({"ok": ok, "done_at": done_at,
+                        "cpu_secs": {k: cpu[k] - cpu_base[k] for k in cpu}})
             elif cmd["cmd"] == "quit":
                 break
     finally:
@@ -208,7 +231,10 @@ def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int
                 "per_replica": [n * per_account / e for n, e in zip(owned, elapsed, strict=True)],
                 "standin_send": sent["sent"] / sent["seconds"],
                 "seconds": max(elapsed),
-                "cpu_us_per_message": sum(d["cpu_secs"] for d in done) / total * 1e6,
+                "cpu_us_per_message": sum(d["cpu_secs"]["process"] for d in done) / total * 1e6,
+                "cpu_us_per_message_by_role": {
+                    role: sum(d["cpu_secs"][role] for d in done) / total * 1e6
+                    for role in ("sources", "flusher", "other")},
             })
             print(f"  (a) {replicas} process(es) x {sockets} socket(s), run {r + 1}/{runs}: "
                   f"{per_run[-1]['aggregate']:,.0f} msg/s", file=sys.stderr, flush=True)
@@ -222,7 +248,8 @@ def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int
             "aggregate": statistics.median(x["aggregate"] for x in per_run),
             "per_replica": median_run["per_replica"],
             "standin_send": statistics.median(x["standin_send"] for x in per_run),
-            "cpu_us_per_message": statistics.median(x["cpu_us_per_message"] for x in per_run)}
+            "cpu_us_per_message": statistics.median(x["cpu_us_per_message"] for x in per_run),
+            "cpu_us_per_message_by_role": median_run["cpu_us_per_message_by_role"]}
 
 
 def run(messages: int = 50_000, runs: int = 3, sockets: tuple[int, ...] = (1, 4, 16),
@@ -267,10 +294,13 @@ def main() -> int:
         return replica_main(args.replica)
     result = run(args.messages, args.runs, args.sockets, args.replica_sockets)
     title = f"chat end to end, {args.messages:,} messages (median of {args.runs})"
-    print(f"{title:<56}{'msg/s':>10}  {'per replica':>16}  {'CPU us/msg':>10}  {'stand-in send':>14}")
+    print(f"{title:<56}{'msg/s':>10}  {'per replica':>16}  {'CPU us/msg (src/flush)':>22}  "
+          f"{'stand-in send':>14}")
     for c in result["configs"]:
         each = " / ".join(f"{x:,.0f}" for x in c["per_replica"]) if c["replicas"] > 1 else ""
-        print(f"{config_label(c):<56}{c['aggregate']:>10,.0f}  {each:>16}  {c['cpu_us_per_message']:>10.0f}  "
+        roles = c["cpu_us_per_message_by_role"]
+        cpu = f"{c['cpu_us_per_message']:.0f} ({roles['sources']:.0f}/{roles['flusher']:.0f})"
+        print(f"{config_label(c):<56}{c['aggregate']:>10,.0f}  {each:>16}  {cpu:>22}  "
               f"{c['standin_send']:>14,.0f}")
     if result["ratio_most_sockets_to_one"] is not None:
         print(f"{'most sockets / one socket, one process':<56}{result['ratio_most_sockets_to_one']:>10.2f}")
