@@ -9,7 +9,8 @@ the GIL with the source being measured. One JSON object per line:
     <- {"cmd": "wait_subscribed", "channel": C, "timeout": T}  -> {"ok"}
     <- {"cmd": "prepare_chat", "n": N, "chatroom": R, "path": P} -> {"ok"}: N ChatMessageEvent frames
                                                                   for chatrooms.R.v2, also written to P
-    <- {"cmd": "blast"}        -> {"sent", "seconds"}: the prepared frames, as fast as the socket takes them
+    <- {"cmd": "blast"}        -> {"sent", "seconds"}: the prepared frames (encoded as wire bytes
+                                  when prepared), as fast as the socket takes them
     <- {"cmd": "quit"}         -> exits
 """
 
@@ -34,7 +35,7 @@ def _reply(obj: dict[str, Any]) -> None:
 
 def main() -> int:
     standin = KickStandin().start()
-    prepared: tuple[PusherConnection, list[str]] | None = None
+    prepared: tuple[PusherConnection, list[bytes]] | None = None
     try:
         _reply({"pusher_url": standin.pusher_url})
         for line in sys.stdin:
@@ -56,7 +57,7 @@ def main() -> int:
                                           sender_id=100_000 + i % 5000, username=f"viewer{i % 5000}"))})
                           for i in range(int(cmd["n"]))]
                 Path(cmd["path"]).write_text("\n".join(frames) + "\n")
-                prepared = (conns[0], frames)
+                prepared = (conns[0], standin.encode_bulk(frames))
                 _reply({"ok": True})
             elif cmd["cmd"] == "blast":
                 if prepared is None:

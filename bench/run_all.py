@@ -7,8 +7,11 @@ lumio_ingestd.devservers, and the Twitch stand-in in a child process):
 
 (a) chat end to end, WebSocket frames on loopback to committed rows, beside
     the raw limits measured on the same frames in the same run: JSON parse,
-    Redis pipeline, COPY, and a naive one-INSERT-per-message baseline
-    (bench_wire.py);
+    parse and extract, Redis pipeline, COPY, and a naive
+    one-INSERT-per-message baseline (bench_wire.py); then the same total over
+    1, 4 and 16 sockets in one process, and two replicas (`shard = 0/2` and
+    `1/2`, a process each) with the machine-wide figure
+    (bench_wire_sockets.py, every pipeline in a child process);
 (b) `persist_event` p50/p99, time to park with the database stopped,
     replay throughput of 100,000 parked events over 1,000 accounts with the
     p99 of a live `persist_event` beside it, idle and during the replay
@@ -46,11 +49,13 @@ import bench_chat_drain  # noqa: E402
 import bench_daemon  # noqa: E402
 import bench_kick  # noqa: E402
 import bench_wire  # noqa: E402
+import bench_wire_sockets  # noqa: E402
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
 from lumio_ingestd.devservers import find_pg_bindir, find_redis_server  # noqa: E402
 
 FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naive": 5_000},
+        "wire_sockets": {"messages": 50_000, "runs": 3, "sockets": (1, 4, 16), "replica_sockets": (1, 8)},
         "events": {"events": 2000, "down": 200, "blackhole": 3, "replay": 100_000,
                    "accounts": 1000},
         "chat_drain": {"messages": 100_000, "accounts": 100},
@@ -58,6 +63,7 @@ FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naiv
         "sockets": {"sockets": 500, "wave": 50},
         "kick": {"messages": 20_000, "runs": 3}}
 QUICK: dict[str, dict[str, Any]] = {"wire": {"messages": 5_000, "runs": 1, "naive": 500},
+         "wire_sockets": {"messages": 5_000, "runs": 1, "sockets": (1, 4, 16), "replica_sockets": (1, 8)},
          "events": {"events": 200, "down": 20, "blackhole": 1, "replay": 2000, "accounts": 20},
          "chat_drain": {"messages": 5_000, "accounts": 10},
          "daemon": {"rates": (0.0, 2000.0), "runs": 1, "load_secs": 1.0},
@@ -115,6 +121,29 @@ def _timed(label: str, fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any]
     return result, took
 
 
+def sockets_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """(a)'s many-socket rows: one process, then replicas (machine-wide, and each)."""
+    rows: list[tuple[str, str]] = []
+    one = [c for c in s["configs"] if c["replicas"] == 1]
+    for c in one:
+        n = c["sockets_per_replica"]
+        rows.append((f"    {n} socket{'s' if n > 1 else ''}, one process (total split evenly)",
+                     f"{c['aggregate']:,.0f} msg/s"))
+    if one:
+        rows.append((f"    process CPU per message, {' / '.join(str(c['sockets_per_replica']) for c in one)} "
+                     "socket(s)", " / ".join(f"{c['cpu_us_per_message']:.0f}" for c in one) + " us"))
+    if s["ratio_most_sockets_to_one"] is not None:
+        most = max(c["sockets_per_replica"] for c in one)
+        rows.append((f"    {most} sockets / 1 socket, one process", f"{s['ratio_most_sockets_to_one']:.2f}"))
+    for c in s["configs"]:
+        if c["replicas"] > 1:
+            n = c["sockets_per_replica"]
+            rows.append((f"    {c['replicas']} replicas x {n} socket{'s' if n > 1 else ''}, machine-wide",
+                         f"{c['aggregate']:,.0f} msg/s"))
+            rows.append(("      each replica", " / ".join(f"{x:,.0f}" for x in c["per_replica"]) + " msg/s"))
+    return rows
+
+
 def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
           d: dict[str, Any], e: dict[str, Any]) -> list[tuple[str, str]]:
     med = a["median"]
@@ -129,6 +158,7 @@ def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
         ("    end to end / COPY", f"{a['ratio_end_to_end_to_copy']:.2f}"),
         ("    end to end / parse + extract", f"{a['ratio_end_to_end_to_parse_extract']:.2f}"),
     ]
+    rows += sockets_rows(a["sockets"])
     normal, stopped, holed = b["persist_normal"], b["park_db_stopped"], b["park_blackholed"]
     rows += [
         ("(b) persist_event, database up (p50 / p99)",
@@ -175,6 +205,9 @@ def main() -> int:
     started = time.monotonic()
     info = machine()
     a, ta = _timed("(a) chat end to end", lambda: bench_wire.run(**sizes["wire"]))
+    a["sockets"], tsockets = _timed("(a) chat over many sockets and two replicas",
+                                    lambda: bench_wire_sockets.run(**sizes["wire_sockets"]))
+    ta += tsockets
     b, tb = _timed("(b) event durability", lambda: events_part(**sizes["events"]))
     b["chat_drain"], tdrain = _timed("(b) chat dead-letter drain",
                                      lambda: bench_chat_drain.run(**sizes["chat_drain"]))

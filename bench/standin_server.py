@@ -11,12 +11,22 @@ with one JSON object per line:
                    "access_token", "refresh_token"}
     <- {"cmd": "wait_sessions", "n": N, "timeout": T}   -> {"ok", "sessions"}: N sessions with
                                                              at least one subscription each
-    <- {"cmd": "prepare_chat", "n": N, "broadcaster": B, "path": P}
-                                                        -> {"ok"}: N channel.chat.message frames
-                                                           for B's session, also written to P
-                                                           (one per line) for the raw limits
-    <- {"cmd": "blast"}                                 -> {"sent", "seconds"}: sends the prepared
-                                                           frames as fast as the socket takes them
+    <- {"cmd": "prepare_chat", "n": N, "broadcasters": [B, ...], "path": P}
+                                                        -> {"ok", "missing"}: for each broadcaster,
+                                                           N channel.chat.message frames for its
+                                                           session, encoded as wire bytes; all
+                                                           written to P (one per line; optional)
+                                                           for the raw limits. "broadcaster": B
+                                                           is one broadcaster. "missing": the
+                                                           broadcasters with no session (then
+                                                           nothing is prepared and "ok" is false)
+    <- {"cmd": "blast"}                                 -> {"sent", "seconds", "sessions"}: every
+                                                           prepared session's frames sent at once,
+                                                           one thread per session (`sendall`
+                                                           releases the GIL), each as fast as its
+                                                           socket takes them; "sessions" lists
+                                                           each one's {"broadcaster", "sent",
+                                                           "seconds"}
     <- {"cmd": "quit"}                                  -> exits
 """
 
@@ -27,8 +37,10 @@ import json
 import resource
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +62,46 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+@dataclass
+class Prepared:
+    """One session's blast: its frames as wire bytes, made before the clock starts."""
+
+    broadcaster: str
+    session: StandinSession
+    frames: list[bytes]
+
+
+def chat_frames(standin: TwitchStandin, session: StandinSession, broadcaster: str, n: int) -> list[str]:
+    return [json.dumps(standin.notification(session, "channel.chat.message", te.chat_event(
+        str(uuid.uuid4()), f"PogChamp that was a great play, message {i} KEKW",
+        str(100_000 + i % 5000), broadcaster=broadcaster))) for i in range(n)]
+
+
+def blast(standin: TwitchStandin, prepared: list[Prepared]) -> dict[str, Any]:
+    """Every prepared session at once, one sending thread each; released together."""
+    results: list[tuple[int, float]] = [(0, 0.0)] * len(prepared)
+    go = threading.Barrier(len(prepared) + 1)
+
+    def send(i: int, p: Prepared) -> None:
+        go.wait()
+        started = time.perf_counter()
+        sent = standin.send_bulk(p.session, p.frames)
+        results[i] = (sent, time.perf_counter() - started)
+
+    threads = [threading.Thread(target=send, args=(i, p), name=f"blast-{p.broadcaster}")
+               for i, p in enumerate(prepared)]
+    for t in threads:
+        t.start()
+    started = time.perf_counter()
+    go.wait()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - started
+    return {"sent": sum(sent for sent, _ in results), "seconds": seconds,
+            "sessions": [{"broadcaster": p.broadcaster, "sent": sent, "seconds": secs}
+                         for p, (sent, secs) in zip(prepared, results, strict=True)]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subscribe-window", type=float, default=10.0)
@@ -58,7 +110,7 @@ def main() -> int:
     standin = TwitchStandin(subscribe_window_secs=args.subscribe_window)
     standin.record_sent = False
     standin.start()
-    prepared: tuple[StandinSession, list[bytes]] | None = None
+    prepared: list[Prepared] = []
     try:
         _reply({"ws_url": standin.ws_url, "helix_url": standin.helix_url, "oauth_url": standin.oauth_url,
                 "client_id": standin.client_id, "client_secret": standin.client_secret,
@@ -72,25 +124,26 @@ def main() -> int:
                 ok = standin.wait_for(subscribed, float(cmd.get("timeout", 60)))
                 _reply({"ok": ok, "sessions": sum(1 for s in standin.sessions if s.open)})
             elif cmd["cmd"] == "prepare_chat":
-                session = standin.active_session("channel.chat.message", cmd["broadcaster"])
-                if session is None:
-                    _reply({"ok": False})
+                broadcasters = [str(b) for b in cmd.get("broadcasters") or [cmd["broadcaster"]]]
+                sessions = {b: standin.active_session("channel.chat.message", b) for b in broadcasters}
+                missing = [b for b, session in sessions.items() if session is None]
+                if missing:
+                    prepared = []
+                    _reply({"ok": False, "missing": missing})
                     continue
-                frames = [json.dumps(standin.notification(session, "channel.chat.message", te.chat_event(
-                    str(uuid.uuid4()), f"PogChamp that was a great play, message {i} KEKW",
-                    str(100_000 + i % 5000), broadcaster=cmd["broadcaster"])))
-                    for i in range(int(cmd["n"]))]
-                Path(cmd["path"]).write_text("\n".join(frames) + "\n")
-                prepared = (session, standin.encode_bulk(frames))
-                _reply({"ok": True})
+                texts: list[str] = []
+                prepared = []
+                for b in broadcasters:
+                    session = sessions[b]
+                    assert session is not None
+                    frames = chat_frames(standin, session, b, int(cmd["n"]))
+                    texts += frames
+                    prepared.append(Prepared(b, session, standin.encode_bulk(frames)))
+                if cmd.get("path"):
+                    Path(cmd["path"]).write_text("\n".join(texts) + "\n")
+                _reply({"ok": True, "missing": []})
             elif cmd["cmd"] == "blast":
-                if prepared is None:
-                    _reply({"sent": 0, "seconds": 0.0})
-                    continue
-                session, frames = prepared
-                started = time.perf_counter()
-                sent = standin.send_bulk(session, frames)
-                _reply({"sent": sent, "seconds": time.perf_counter() - started})
+                _reply(blast(standin, prepared))
             elif cmd["cmd"] == "quit":
                 break
     finally:

@@ -227,3 +227,20 @@ def test_a_stop_hands_the_queued_chat_over(rig: KickRig, fake: FakeKick) -> None
     src.request_stop()
     assert src.join(10)
     assert wait_until(lambda: sorted(rig.chat_ids()) == sorted(ids), 10)
+
+
+def test_bulk_frames_encoded_before_the_send_are_stored_once(rig: KickRig, fake: FakeKick) -> None:
+    """The benchmarks' load path: `encode_bulk` ahead, `send_bulk` writes only bytes, in chunks
+    (small here, so that frames straddle the writes); every message arrives and is stored once."""
+    src = rig.source()
+    src.start()
+    pc = connected(fake)
+    ids = [str(uuid.uuid4()) for _ in range(500)]
+    frames = fake.encode_bulk([json.dumps({"event": "App\\Events\\ChatMessageEvent", "channel": CHAT_CHANNEL,
+                                           "data": json.dumps(pusher_chat(CHATROOM, mid, f"bulk {i}"))})
+                               for i, mid in enumerate(ids)])
+    assert all(isinstance(f, bytes) for f in frames)
+    assert fake.send_bulk(pc, frames, chunk_bytes=4096) == len(ids)
+    assert wait_until(lambda: sum(rig.chat_ids().values()) >= len(ids), 15)
+    stored = rig.chat_ids()
+    assert set(stored) == set(ids) and set(stored.values()) == {1}

@@ -311,3 +311,20 @@ def test_stop_hands_over_the_held_gift_and_the_chat_queue(rig: TwitchRig, fake: 
     assert wait_until(lambda: chats(rig, ["last-words"]), 10)
     assert json.loads(json.dumps(rig.value("chat_persistence_queue_depth"))) == 0
     assert rig.cfg.accounts[0].account_id == ACCOUNT
+
+
+def test_bulk_frames_encoded_before_the_send_are_stored_once(rig: TwitchRig, fake: FakeTwitch) -> None:
+    """The benchmarks' load path: `encode_bulk` ahead, `send_bulk` writes only bytes, in chunks
+    (small here, so that frames straddle the writes); every message arrives and is stored once."""
+    src = rig.source()
+    src.start()
+    s1 = subscribed(fake, 1)
+    ids = [f"bulk-{i}" for i in range(500)]
+    frames = fake.encode_bulk([json.dumps(fake.notification(s1, "channel.chat.message",
+                                                            tf.chat_event(mid, f"text {mid}")))
+                               for mid in ids])
+    assert all(isinstance(f, bytes) for f in frames)
+    assert fake.send_bulk(s1, frames, chunk_bytes=4096) == len(ids)
+    assert wait_until(lambda: sum(rig.chat_ids().values()) >= len(ids), 15)
+    stored = rig.chat_ids()
+    assert set(stored) == set(ids) and set(stored.values()) == {1}

@@ -354,8 +354,23 @@ class KickStandin(StandinServers):
     def send_raw(self, pc: PusherConnection, text: str) -> bool:
         return self._send(pc, text)
 
-    def send_bulk(self, pc: PusherConnection, frames: Sequence[str], *, chunk_bytes: int = 1 << 20) -> int:
-        """Load generation: prepared text frames written to the socket in large chunks."""
+    @staticmethod
+    def encode_bulk(frames: Sequence[str]) -> list[bytes]:
+        """Text frames as the wire bytes `send_bulk` writes (unmasked server frames).
+
+        Done before a load test, so that the send itself costs the server
+        nothing but `sendall`.
+        """
+        return [Frame(Opcode.TEXT, text.encode()).serialize(mask=False) for text in frames]
+
+    def send_bulk(self, pc: PusherConnection, frames: Sequence[bytes], *, chunk_bytes: int = 1 << 20) -> int:
+        """Load generation: frames made by `encode_bulk`, written to the socket in large chunks.
+
+        As the Twitch stand-in's: written with `sendall` under the connection's
+        send lock; the WebSocket library's state is untouched, since the
+        server's own outgoing frames do not change it. Returns how many were
+        written.
+        """
         sent = 0
         with pc.lock:
             if pc.closed.is_set():
@@ -363,8 +378,7 @@ class KickStandin(StandinServers):
             buffer: list[bytes] = []
             size = 0
             try:
-                for text in frames:
-                    data = Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
+                for data in frames:
                     buffer.append(data)
                     size += len(data)
                     if size >= chunk_bytes:

@@ -1,0 +1,315 @@
+"""Chat end to end over many sockets: 1, 4 and 16 in one process, and two replicas on the machine.
+
+    .venv/bin/python bench/bench_wire_sockets.py [--messages 50000] [--runs 3]
+        [--sockets 1,4,16] [--replica-sockets 1,8]
+
+The same pipeline as bench_wire.py (`bench_wire.Pipeline`: what `app.build`
+wires for Twitch chat), but for N accounts: each its own `TwitchSource` with
+its own `ChatQueue` and socket, the one `ChatIngest` and ONE `ChatFlusher`
+over the accounts of the process's shard. Each configuration runs its
+replicas as child processes of this script (`--replica CONFIG`), so that one
+process's figure and two processes' figures come from the same harness:
+
+- N sockets, one process: config `shard = 0/1`, accounts 1..N;
+- two replicas x N sockets: two processes, the same 2N accounts in both
+  configs, `shard = 0/2` and `shard = 1/2` (and distinct `instance_id`), so
+  that `Config.owns` gives each its half of the sources and its flusher its
+  half of the buffers, as in production; the same PostgreSQL and Redis.
+
+Every configuration moves the same total (`--messages`, split evenly over
+all its sockets). The stand-in Twitch (bench/standin_server.py, a process of
+its own) prepares each session's frames as wire bytes, then blasts every
+session at once, a thread per session. The clock runs from the blast command
+until the last replica's flusher has committed its last message
+(`chat_messages_flushed_total` in each replica, read there; the two share
+CLOCK_MONOTONIC); then every account's row count and the distinct message ids
+are checked (every message stored once). Reported per configuration:
+aggregate messages/s (the machine-wide figure for two replicas), each
+replica's own (its messages / its time to its last commit), the CPU the
+replica processes spent per message (user + system, all their threads, from
+the blast to their last commit) and the stand-in's send rate.
+
+Prints a table and writes bench/results/bench_wire_sockets.json. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
+from bench_chat import truncate  # noqa: E402
+from bench_wire import Pipeline, broadcaster, servers, write_config  # noqa: E402
+from standin_server import StandinProcess  # noqa: E402
+
+from lumio_ingestd.config import load  # noqa: E402
+from lumio_ingestd.devservers import PostgresServer, RedisServer, wait_until  # noqa: E402
+
+FLUSH_TIMEOUT_SECS = 600.0
+
+
+def _reply(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process, and of its threads by role.
+
+    Read from /proc/self/task/TID/stat for each live Python thread (the
+    kernel's names are all "python" before 3.14, so the Python names decide):
+    "sources" (every source-* thread), "flusher" (chat-flush), "other".
+    """
+    times = os.times()
+    out = {"process": times.user + times.system, "sources": 0.0, "flusher": 0.0, "other": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for thread in threading.enumerate():
+        try:
+            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()
+        secs = (int(fields[11]) + int(fields[12])) / tick  # utime, stime: fields 14 and 15
+        role = ("sources" if thread.name.startswith("source-") else
+                "flusher" if thread.name == "chat-flush" else "other")
+        out[role] += secs
+    return out
+
+
+def replica_main(config: str) -> int:
+    """Child side: one replica's pipeline, driven over stdin/stdout.
+
+        -> {"broadcasters"}                    once its sources are started
+        <- {"cmd": "arm"}                      -> {"ok"}: the flushed count and CPU time now are the base
+        <- {"cmd": "await", "n": N}            -> {"ok", "done_at", "cpu_secs"}: when base + N were
+                                                  committed (time.monotonic(); "ok" false on
+                                                  timeout), and the CPU (user + system) since
+                                                  "arm" of the process and of its threads by
+                                                  role (`_cpu`)
+        <- {"cmd": "quit"}                     -> stops and exits
+    """
+    logging.basicConfig(level=logging.ERROR)  # as run_all: a stopping source may warn
+    pipeline = Pipeline(load(config, {}))
+    pipeline.start()
+    base = 0.0
+    cpu_base = _cpu()
+    try:
+        _reply({"broadcasters": pipeline.broadcasters})
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd["cmd"] == "arm":
+                base, cpu_base = pipeline.flushed(), _cpu()
+                _reply({"ok": True})
+            elif cmd["cmd"] == "await":
+                def committed(target: float = base + int(cmd["n"])) -> bool:
+                    return pipeline.flushed() >= target
+
+                # A tight poll: the flusher commits every 0.2 s, the clock must not add to that.
+                ok = wait_until(committed, FLUSH_TIMEOUT_SECS, interval=0.002)
+                done_at = time.monotonic()
+                cpu = _cpu()
+                _reply({"ok": ok, "done_at": done_at,
+                        "cpu_secs": {k: cpu[k] - cpu_base[k] for k in cpu}})
+            elif cmd["cmd"] == "quit":
+                break
+    finally:
+        pipeline.close()
+    return 0
+
+
+class Replica:
+    """Parent side: this script as a child process with `--replica CONFIG`."""
+
+    def __init__(self, config: Path) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--replica", str(config)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.broadcasters: list[str] = self.read()["broadcasters"]
+
+    def read(self) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"a replica process ended (exit {self._proc.poll()})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def send(self, cmd: str, **args: Any) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
+        self._proc.stdin.flush()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self.send("quit")
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+                self._proc.wait(60)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(10)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+def check_per_account(pg: PostgresServer, expected: dict[int, int]) -> None:
+    """Every account's messages stored, each once (no more, no fewer, no repeats)."""
+    conn = pg.connect("postgres")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT account_id, count(*), count(DISTINCT message_id) FROM chat_messages "
+                        "GROUP BY account_id")
+            stored = {int(a): (int(c), int(d)) for a, c, d in cur.fetchall()}
+    finally:
+        conn.close()
+    wrong = {a: stored.get(a, (0, 0)) for a in set(expected) | set(stored)
+             if stored.get(a, (0, 0)) != (expected.get(a, 0), expected.get(a, 0))}
+    if wrong:
+        raise RuntimeError(f"stored (rows, distinct) per account differ from those sent: {wrong}, "
+                           f"sent {expected}")
+
+
+def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int, sockets: int,
+               messages: int, runs: int) -> dict[str, Any]:
+    """`replicas` processes of `sockets` sources each; `messages` in all per run."""
+    accounts = replicas * sockets
+    per_account = messages // accounts
+    total = per_account * accounts
+    label = f"{replicas}x{sockets}"
+    standin = StandinProcess("--subscribe-window", "120")
+    procs: list[Replica] = []
+    per_run: list[dict[str, Any]] = []
+    try:
+        for i in range(replicas):
+            config = write_config(tmp / f"{label}-replica-{i}", pg, rds, standin.info, accounts=accounts,
+                                  shard=f"{i}/{replicas}", instance_id=f"bench-replica-{i}")
+            procs.append(Replica(config))
+        owned = [len(p.broadcasters) for p in procs]
+        if sum(owned) != accounts or len({b for p in procs for b in p.broadcasters}) != accounts:
+            raise SystemExit(f"the shards do not split the {accounts} accounts: {owned}")
+        if not standin.call("wait_sessions", n=accounts, timeout=120)["ok"]:
+            raise SystemExit(f"fewer than {accounts} sources subscribed to the stand-in")
+        for r in range(runs):
+            truncate(pg)
+            prepared = standin.call("prepare_chat", n=per_account,
+                                    broadcasters=[broadcaster(a) for a in range(1, accounts + 1)])
+            if not prepared["ok"]:
+                raise SystemExit(f"the stand-in has no session for {prepared['missing']}")
+            for p in procs:
+                p.send("arm")
+            for p in procs:
+                p.read()
+            for p, n in zip(procs, owned, strict=True):
+                p.send("await", n=n * per_account)
+            started = time.monotonic()
+            sent = standin.call("blast")
+            done = [p.read() for p in procs]
+            if not all(d["ok"] for d in done) or sent["sent"] != total:
+                raise SystemExit(f"{label}: sent {sent['sent']} of {total}, committed in time: "
+                                 f"{[d['ok'] for d in done]}")
+            check_per_account(pg, {a: per_account for a in range(1, accounts + 1)})
+            elapsed = [d["done_at"] - started for d in done]
+            per_run.append({
+                "aggregate": total / max(elapsed),
+                "per_replica": [n * per_account / e for n, e in zip(owned, elapsed, strict=True)],
+                "standin_send": sent["sent"] / sent["seconds"],
+                "seconds": max(elapsed),
+                "cpu_us_per_message": sum(d["cpu_secs"]["process"] for d in done) / total * 1e6,
+                "cpu_us_per_message_by_role": {
+                    role: sum(d["cpu_secs"][role] for d in done) / total * 1e6
+                    for role in ("sources", "flusher", "other")},
+            })
+            print(f"  (a) {replicas} process(es) x {sockets} socket(s), run {r + 1}/{runs}: "
+                  f"{per_run[-1]['aggregate']:,.0f} msg/s", file=sys.stderr, flush=True)
+    finally:
+        for p in procs:
+            p.close()
+        standin.close()
+    median_run = sorted(per_run, key=lambda x: x["aggregate"])[len(per_run) // 2]
+    return {"replicas": replicas, "sockets_per_replica": sockets, "messages": total,
+            "messages_per_socket": per_account, "per_run": per_run,
+            "aggregate": statistics.median(x["aggregate"] for x in per_run),
+            "per_replica": median_run["per_replica"],
+            "standin_send": statistics.median(x["standin_send"] for x in per_run),
+            "cpu_us_per_message": statistics.median(x["cpu_us_per_message"] for x in per_run),
+            "cpu_us_per_message_by_role": median_run["cpu_us_per_message_by_role"]}
+
+
+def run(messages: int = 50_000, runs: int = 3, sockets: tuple[int, ...] = (1, 4, 16),
+        replica_sockets: tuple[int, ...] = (1, 8)) -> dict[str, Any]:
+    """Every configuration, `runs` times each; medians of the aggregate."""
+    configs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-wire-sockets-") as tmpdir, \
+            servers(Path(tmpdir)) as (pg, rds):
+        tmp = Path(tmpdir)
+        for n in sockets:
+            configs.append(run_config(tmp, pg, rds, replicas=1, sockets=n, messages=messages, runs=runs))
+        for n in replica_sockets:
+            configs.append(run_config(tmp, pg, rds, replicas=2, sockets=n, messages=messages, runs=runs))
+    one = next((c for c in configs if c["replicas"] == 1 and c["sockets_per_replica"] == 1), None)
+    most = max((c for c in configs if c["replicas"] == 1), key=lambda c: c["sockets_per_replica"],
+               default=None)
+    return {"messages_per_run": messages, "runs": runs, "configs": configs,
+            "ratio_most_sockets_to_one": (most["aggregate"] / one["aggregate"]
+                                          if one is not None and most is not None else None)}
+
+
+def config_label(c: dict[str, Any]) -> str:
+    if c["replicas"] == 1:
+        return f"{c['sockets_per_replica']} socket(s), one process"
+    return f"{c['replicas']} replicas x {c['sockets_per_replica']} socket(s), machine-wide"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sockets", type=_ints, default=(1, 4, 16), help="one process: comma-separated")
+    parser.add_argument("--replica-sockets", type=_ints, default=(1, 8),
+                        help="two replicas: sockets per replica, comma-separated")
+    parser.add_argument("--replica", metavar="CONFIG", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.replica:
+        return replica_main(args.replica)
+    result = run(args.messages, args.runs, args.sockets, args.replica_sockets)
+    title = f"chat end to end, {args.messages:,} messages (median of {args.runs})"
+    print(f"{title:<56}{'msg/s':>10}  {'per replica':>16}  {'CPU us/msg (src/flush)':>22}  "
+          f"{'stand-in send':>14}")
+    for c in result["configs"]:
+        each = " / ".join(f"{x:,.0f}" for x in c["per_replica"]) if c["replicas"] > 1 else ""
+        roles = c["cpu_us_per_message_by_role"]
+        cpu = f"{c['cpu_us_per_message']:.0f} ({roles['sources']:.0f}/{roles['flusher']:.0f})"
+        print(f"{config_label(c):<56}{c['aggregate']:>10,.0f}  {each:>16}  {cpu:>22}  "
+              f"{c['standin_send']:>14,.0f}")
+    if result["ratio_most_sockets_to_one"] is not None:
+        print(f"{'most sockets / one socket, one process':<56}{result['ratio_most_sockets_to_one']:>10.2f}")
+    out = ROOT / "bench" / "results" / "bench_wire_sockets.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
