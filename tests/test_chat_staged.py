@@ -21,7 +21,7 @@ import pytest
 from chat_support import ChatRig, assert_exactly_once, counter_value, make_messages, make_rig
 from harness.servers import PostgresServer
 from lumio_ingestd import fastjson, rediskeys
-from lumio_ingestd.chat import batch
+from lumio_ingestd.chat import batch, decode
 from lumio_ingestd.chat.store import stageable
 from lumio_ingestd.model import CHAT_ENTRY_VERSION, MAX_ENTRY_BYTES, MAX_TEXT, ChatMessage
 from support import dbname_of
@@ -125,7 +125,7 @@ def test_both_paths_store_the_same_rows(rig: ChatRig) -> None:
 def test_the_flusher_does_not_decode_version_2_entries(rig: ChatRig,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     decoded: list[bytes] = []
-    real = batch.entry_row
+    real = decode.entry_row
 
     def counting(raw: bytes) -> tuple[bytes, bool]:
         decoded.append(raw)
