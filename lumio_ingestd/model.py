@@ -6,7 +6,12 @@ when a message or event is built, so one bad frame cannot poison a batch.
 
 The entries kept in Redis and the spool are JSON objects with a format version
 `v`; `from_entry` reads every version this code has ever written, so a newer
-daemon still drains what an older one left behind.
+daemon still drains what an older one left behind. Chat entries are version 2
+(`CHAT_ENTRY_VERSION`): the fields of version 1, with the promise that every
+value is as `ChatMessage.create` leaves it (no NUL, no lone surrogate, within
+its cap), which lets the flusher hand them to PostgreSQL unread
+(chat/store.py). Version 1 chat entries, written by older daemons, are read
+and repaired field by field as before.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 from . import boundedjson, fastjson
 
 ENTRY_VERSION = 1
+#: The version `ChatMessage.to_entry` writes (see the module docstring).
+CHAT_ENTRY_VERSION = 2
 #: A stored entry larger than this is refused unread (this daemon writes far
 #: smaller ones: its inputs are capped at 512 KiB a frame).
 MAX_ENTRY_BYTES = 4 * 1024 * 1024
@@ -206,7 +213,7 @@ def _dumps(obj: Mapping[str, Any]) -> bytes:
     return fastjson.dumps(obj)
 
 
-def _loads(raw: bytes | str) -> dict[str, Any]:
+def _loads(raw: bytes | str, versions: tuple[int, ...] = (ENTRY_VERSION,)) -> dict[str, Any]:
     try:
         obj = boundedjson.loads(raw, max_bytes=MAX_ENTRY_BYTES, decode=fastjson.loads)
     except ValueError as exc:
@@ -214,7 +221,7 @@ def _loads(raw: bytes | str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise EntryError("entry is not a JSON object")
     version = obj.get("v")
-    if version != ENTRY_VERSION:
+    if type(version) is not int or version not in versions:
         raise EntryError(f"entry has unknown format version {version!r}")
     return obj
 
@@ -260,7 +267,7 @@ class ChatMessage:
 
     def to_entry(self) -> bytes:
         return _dumps({
-            "v": ENTRY_VERSION, "platform": self.platform, "account_id": self.account_id,
+            "v": CHAT_ENTRY_VERSION, "platform": self.platform, "account_id": self.account_id,
             "message_id": self.message_id, "created_at": format_time(self.created_at),
             "user_id": self.user_id, "user_login": self.user_login,
             "display_name": self.display_name, "text": self.text, "extras": self.extras,
@@ -268,7 +275,7 @@ class ChatMessage:
 
     @classmethod
     def from_entry(cls, raw: bytes | str) -> ChatMessage:
-        obj = _loads(raw)
+        obj = _loads(raw, (ENTRY_VERSION, CHAT_ENTRY_VERSION))
         try:
             return cls.create(
                 platform=obj["platform"], account_id=obj["account_id"],

@@ -49,10 +49,15 @@ def test_chat_entry_round_trip_keeps_microseconds() -> None:
                              user_id="u", user_login="l", display_name="D", text="t",
                              extras={"reply": {"id": "p"}})
     obj = json.loads(msg.to_entry())
-    assert obj["v"] == 1 and obj["created_at"] == "2026-11-29T12:00:00.123456Z"
+    assert obj["v"] == 2 and obj["created_at"] == "2026-11-29T12:00:00.123456Z"
     assert {"platform", "account_id", "message_id", "created_at"} <= obj.keys()
     back = ChatMessage.from_entry(msg.to_entry())
     assert back == msg and back.created_at == T0
+    # What older daemons left in Redis and the spool (version 1) still reads back.
+    assert ChatMessage.from_entry(json.dumps({**obj, "v": 1})) == msg
+    for version in (0, 3, True, "2", 2.0):
+        with pytest.raises(EntryError, match="unknown format version"):
+            ChatMessage.from_entry(json.dumps({**obj, "v": version}))
 
 
 def test_event_entry_round_trip_keeps_id_time_and_children() -> None:

@@ -11,10 +11,13 @@ import base64
 import hashlib
 import os
 import socket
+import ssl
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +170,84 @@ def test_a_quiet_connection_times_out_and_a_closed_one_says_so(
     assert 0.15 <= time.monotonic() - started < 2.0
     peer.close()
     with pytest.raises(WsClosed, match="without a close frame"):
+        _next(reader)
+
+
+# -- over TLS, as every platform's socket is -------------------------------------------------
+# The reader's socket is non-blocking: a TLS socket can hold decrypted bytes the
+# kernel no longer shows as readable, and a record can arrive in pieces.
+
+
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture
+def tls_pair(tls_cert: tuple[Path, Path]) -> Iterator[tuple[ssl.SSLSocket, _FrameReader]]:
+    cert, key = tls_cert
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    accepted: list[ssl.SSLSocket] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(5)
+
+        def accept() -> None:
+            conn, _ = listener.accept()
+            accepted.append(server_ctx.wrap_socket(conn, server_side=True))
+
+        thread = threading.Thread(target=accept, name="test-tls-accept")
+        thread.start()
+        client = client_ctx.wrap_socket(socket.create_connection(listener.getsockname(), timeout=5),
+                                        server_hostname="127.0.0.1")
+        thread.join(5)
+    try:
+        yield accepted[0], _FrameReader(client)
+    finally:
+        client.close()
+        accepted[0].close()
+
+
+def test_over_tls_a_burst_of_many_records_comes_out_whole_and_in_order(
+        tls_pair: tuple[ssl.SSLSocket, _FrameReader]) -> None:
+    peer, reader = tls_pair
+    payloads = [f"message {i} ".encode() * (1 + i % 40) for i in range(3000)]
+    sender = threading.Thread(target=peer.sendall, args=(b"".join(frame(TEXT, p) for p in payloads),),
+                              name="test-tls-send")
+    sender.start()  # ~1.5 MB: about a hundred TLS records, more than the socket buffers hold
+    try:
+        assert [_next(reader) for _ in payloads] == [(TEXT, p) for p in payloads]
+    finally:
+        sender.join(10)
+
+
+def test_over_tls_a_frame_split_across_records_waits_for_its_rest(
+        tls_pair: tuple[ssl.SSLSocket, _FrameReader]) -> None:
+    peer, reader = tls_pair
+    whole = frame(TEXT, b"x" * 50_000)
+    peer.sendall(whole[:30_000])
+    assert reader.message(time.monotonic() + 0.2) is None  # read what came, not a frame yet
+    peer.sendall(whole[30_000:] + frame(TEXT, b"next"))
+    assert _next(reader) == (TEXT, b"x" * 50_000)
+    assert _next(reader) == (TEXT, b"next")
+
+
+def test_over_tls_a_quiet_connection_times_out_and_a_closed_one_says_so(
+        tls_pair: tuple[ssl.SSLSocket, _FrameReader]) -> None:
+    peer, reader = tls_pair
+    started = time.monotonic()
+    assert reader.message(time.monotonic() + 0.2) is None
+    assert 0.15 <= time.monotonic() - started < 2.0
+    peer.sendall(frame(TEXT, b"late"))
+    assert _next(reader) == (TEXT, b"late")
+    peer.close()
+    with pytest.raises(WsClosed):
         _next(reader)
 
 

@@ -27,7 +27,7 @@ from ..outage import Outage, describe_db_error
 from ..quarantine import quarantine_entry
 from .decode import entry_row
 from .lists import ChatLists, ClaimLost
-from .store import DB_ERRORS, store_rows_isolating
+from .store import DB_ERRORS, Row, stageable, store_rows_isolating
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,12 @@ def store_batch(lists: ChatLists, pool: Pool, metrics: Metrics, *, account: int,
     (the batch stays in flight), and REDIS_ERRORS from the final step
     (committed but still in flight: the next try re-inserts nothing).
     """
-    rows: list[tuple[bytes, bytes]] = []  # (entry, COPY line)
+    rows: list[Row[bytes]] = []
     quarantine: list[bytes] = []
     for raw in entries:
+        if stageable(raw):  # PostgreSQL reads it; Python never decodes it
+            rows.append((raw, raw, True))
+            continue
         try:
             row, repaired = entry_row(raw)
         except EntryError:
@@ -73,7 +76,7 @@ def store_batch(lists: ChatLists, pool: Pool, metrics: Metrics, *, account: int,
             continue
         if repaired:  # an entry written by something that skipped the edge
             metrics.chat_sanitized.inc()
-        rows.append((raw, row))
+        rows.append((raw, row, False))
     try:
         inserted, culprits = store_rows_isolating(pool, rows, deadline)
     except DB_ERRORS as exc:

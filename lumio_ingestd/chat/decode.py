@@ -8,7 +8,7 @@ shortcut only when it can prove that from the bytes and a few cheap checks:
 
 - the raw entry holds no `\\u0000` and no surrogate escape (this daemon writes
   UTF-8, never escapes a valid pair, and could not have written a lone one);
-- it is a version `ENTRY_VERSION` object whose fields have exactly the types
+- it is a version 1 or 2 object whose fields have exactly the types
   `to_entry` writes, every string within its cap, `created_at` in the exact
   form `format_time` writes, and `extras` a JSON object within the caps and
   depth of `clean_json`, without NaN or infinities.
@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import boundedjson, fastjson
 from ..model import (
+    CHAT_ENTRY_VERSION,
     ENTRY_VERSION,
     MAX_ENTRY_BYTES,
     MAX_ID,
@@ -39,10 +40,10 @@ from ..model import (
     ChatMessage,
     EntryError,
 )
-from .store import encode_fields, encode_row
+from .store import NEEDS_REPAIR, encode_fields, encode_row
 
-_SUSPECT = re.compile(rb"\\u(?:0000|[dD][89abcdefABCDEF])")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+_VERSIONS = (ENTRY_VERSION, CHAT_ENTRY_VERSION)
 _MAX_PLATFORM = 32  # ChatMessage.create caps the platform name at 32
 _SHORT_EXTRAS = min(MAX_NAME, MAX_JSON_STRING)
 # As store.extras_json writes extras, but refusing NaN and infinities.
@@ -105,7 +106,7 @@ def _from_entry(raw: bytes) -> ChatMessage:
 def _clean_object(raw: bytes) -> tuple[dict[str, Any], str] | None:
     """(the parsed entry, its extras as COPY writes them) when from_entry would
     take every value unchanged, else None."""
-    if _SUSPECT.search(raw) is not None:
+    if NEEDS_REPAIR.search(raw) is not None:
         return None
     try:
         # Strict UTF-8 first: json.loads(bytes) would let UTF-8-encoded
@@ -113,7 +114,8 @@ def _clean_object(raw: bytes) -> tuple[dict[str, Any], str] | None:
         obj = boundedjson.loads(raw.decode("utf-8"), max_bytes=MAX_ENTRY_BYTES, decode=fastjson.loads)
     except ValueError:  # UnicodeDecodeError and JsonRefused included; from_entry words it
         return None
-    if type(obj) is not dict or obj.get("v") != ENTRY_VERSION or "message_id" not in obj:
+    if (type(obj) is not dict or type(obj.get("v")) is not int or obj["v"] not in _VERSIONS
+            or "message_id" not in obj):
         return None
     platform = obj.get("platform")
     created = obj.get("created_at")

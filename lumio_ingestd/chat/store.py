@@ -10,6 +10,14 @@ messages conflicts with nothing, it is first COPYed straight into the table
 under a savepoint, which halves the database's work; only a batch that meets a
 unique violation takes the staging path (see `insert_encoded`).
 
+Version-2 chat entries (what `ChatMessage.to_entry` writes: values already
+as `ChatMessage.create` leaves them) need no Python at all on their way in:
+`insert_entries` COPYs them as they came out of Redis into a `jsonb` staging
+table, and PostgreSQL takes the columns out (`jsonb_to_record`) in the
+`INSERT ... SELECT ... ON CONFLICT DO NOTHING`. `stageable` says which entries
+may take that path (a few byte scans, no parse); the rest (version 1, or a
+value that needs repair) are decoded and written as COPY lines as before.
+
 `store_isolating` is for batches that may hold a row the database refuses (a
 permanent SQLSTATE, or a value the driver cannot encode): it splits the batch
 in halves, each in its own transaction, until the culprits stand alone, stores
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -34,9 +43,14 @@ import psycopg2.errors
 
 from ..db.errors import Classified, DatabaseUnavailable, Kind, classify
 from ..db.pool import Cursor, Pool
-from ..model import CHAT_COLUMNS, ChatMessage
+from ..model import CHAT_COLUMNS, CHAT_ENTRY_VERSION, MAX_ENTRY_BYTES, ChatMessage
 
 T = TypeVar("T")
+
+#: A row on its way to `chat_messages`: (item, payload, staged). The payload is
+#: an `encode_row` COPY line, or (staged) a version-2 entry for `insert_entries`.
+#: The item is what a refusal is reported as (a message, a raw entry).
+Row = tuple[T, bytes, bool]
 
 #: Exceptions a database write may raise that `classify` knows how to judge.
 #: (PoolReentryError, a programming error, is deliberately not among them.)
@@ -62,6 +76,32 @@ _MOVE = (
     "ON CONFLICT DO NOTHING"
 )
 _COPY_CHUNK = 256 * 1024
+
+_ENTRIES = "lumio_chat_entries"
+_CREATE_ENTRIES = f"CREATE TEMP TABLE IF NOT EXISTS {_ENTRIES} (e jsonb NOT NULL) ON COMMIT DELETE ROWS"
+# CSV with two control characters as delimiter and quote: an entry without
+# line breaks and without those two bytes (see `stageable`) is one field,
+# copied byte for byte (CSV gives a backslash no meaning, unlike COPY text).
+_COPY_ENTRIES = f"COPY {_ENTRIES} (e) FROM STDIN WITH (FORMAT csv, DELIMITER E'\\x1f', QUOTE E'\\x1e')"
+_TIME_SHAPE = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$"
+_MOVE_ENTRIES = (
+    f"WITH moved AS (DELETE FROM {_ENTRIES} RETURNING e) "
+    f"INSERT INTO chat_messages ({_COLS}) "
+    "SELECT r.account_id, r.platform, r.message_id, "
+    # Only the one shape `format_time` writes: PostgreSQL would also take
+    # 'yesterday' or 'infinity'. Anything else is NULL, refused (23502).
+    f"CASE WHEN r.created_at ~ '{_TIME_SHAPE}' THEN r.created_at::timestamptz END, "
+    "coalesce(r.user_id, ''), coalesce(r.user_login, ''), coalesce(r.display_name, ''), "
+    "coalesce(r.text, ''), coalesce(r.extras, '{}') "
+    "FROM moved, jsonb_to_record(moved.e) AS r(account_id bigint, platform text, "
+    "message_id text, created_at text, user_id text, user_login text, display_name text, "
+    "text text, extras jsonb) ON CONFLICT DO NOTHING"
+)
+# What both JSON encoders (fastjson, orjson or not) write first for a chat entry.
+_STAGED_PREFIX = b'{"v":%d,' % CHAT_ENTRY_VERSION
+# Escapes that decode to a character `ChatMessage.create` would replace (NUL,
+# a surrogate): such an entry takes the repairing path.
+NEEDS_REPAIR = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 
 # COPY text format: backslash, newline, carriage return and tab are escaped;
 # no column is ever NULL, so `\N` never needs to be written.
@@ -135,6 +175,37 @@ def insert_encoded(cur: Cursor, rows: Sequence[bytes]) -> int:
     return max(0, cur.rowcount)
 
 
+def stageable(raw: bytes) -> bool:
+    """Whether `raw` may go to PostgreSQL unread (`insert_entries`).
+
+    A version-2 entry, within `MAX_ENTRY_BYTES`, holding no byte that would
+    end or split its CSV field (line breaks, the delimiter, the quote) and no
+    escape of a character the edge would have repaired. Anything else that is
+    malformed (not JSON, a missing key, a bad time) is refused by PostgreSQL
+    and isolated like any refused row.
+    """
+    return (raw.startswith(_STAGED_PREFIX) and len(raw) <= MAX_ENTRY_BYTES
+            and b"\n" not in raw and b"\r" not in raw and b"\x1e" not in raw and b"\x1f" not in raw
+            and (b"\\u" not in raw or NEEDS_REPAIR.search(raw) is None))
+
+
+def insert_entries(cur: Cursor, entries: Sequence[bytes]) -> int:
+    """Insert `stageable` entries in the caller's transaction; returns the rows newly inserted."""
+    if not entries:
+        return 0
+    cur.execute(_CREATE_ENTRIES)
+    cur.copy_expert(_COPY_ENTRIES, io.BytesIO(b"\n".join(entries) + b"\n"), size=_COPY_CHUNK)
+    cur.execute(_MOVE_ENTRIES)
+    return max(0, cur.rowcount)
+
+
+def insert_rows(cur: Cursor, rows: Sequence[Row[T]]) -> int:
+    """Insert COPY lines and staged entries alike; returns the rows newly inserted."""
+    lines = [payload for _, payload, staged in rows if not staged]
+    entries = [payload for _, payload, staged in rows if staged]
+    return insert_encoded(cur, lines) + insert_entries(cur, entries)
+
+
 def store_isolating(pool: Pool, msgs: Sequence[ChatMessage], deadline: float,
                     ) -> tuple[int, list[tuple[ChatMessage, Classified]]]:
     """Store `msgs`, isolating rows that can never be stored.
@@ -144,12 +215,12 @@ def store_isolating(pool: Pool, msgs: Sequence[ChatMessage], deadline: float,
     (transient or environmental) is raised unchanged.
     """
     culprits: list[tuple[ChatMessage, Classified]] = []
-    encoded: list[tuple[ChatMessage, bytes]] = []
+    encoded: list[Row[ChatMessage]] = []
     for msg in msgs:
         # Screened one by one: a value the driver cannot even encode needs no
         # round trip to be found.
         try:
-            encoded.append((msg, encode_row(msg)))
+            encoded.append((msg, encode_row(msg), False))
         except UnicodeError as exc:
             reason = f"value cannot be encoded ({type(exc).__name__})"
             culprits.append((msg, Classified(Kind.PERMANENT, None, reason)))
@@ -157,21 +228,21 @@ def store_isolating(pool: Pool, msgs: Sequence[ChatMessage], deadline: float,
     return inserted, culprits + refused
 
 
-def store_rows_isolating(pool: Pool, rows: Sequence[tuple[T, bytes]], deadline: float,
+def store_rows_isolating(pool: Pool, rows: Sequence[Row[T]], deadline: float,
                          ) -> tuple[int, list[tuple[T, Classified]]]:
-    """`store_isolating` for rows already encoded: (item, encode_row bytes) pairs.
+    """`store_isolating` for rows already encoded or staged (`Row`).
 
     The culprits are returned as their items (a message, a raw entry).
     """
     culprits: list[tuple[T, Classified]] = []
     inserted = 0
     # Depth-first, first half first: parts are committed in batch order.
-    stack: list[Sequence[tuple[T, bytes]]] = [rows] if rows else []
+    stack: list[Sequence[Row[T]]] = [rows] if rows else []
     while stack:
         part = stack.pop()
         try:
             with pool.transaction(deadline=deadline) as cur:
-                inserted += insert_encoded(cur, [row for _, row in part])
+                inserted += insert_rows(cur, part)
         except DB_ERRORS as exc:
             verdict = classify(exc)
             if verdict.retryable:

@@ -5,6 +5,9 @@ for the handshake and for sending; frames are read by a small reader of our
 own (`_FrameReader`): websocket-client reads each frame with two or three
 `recv` calls and its `recv_data` gives no way to read ahead, so under load
 every frame cost several syscalls, each handing the interpreter lock away.
+The reader keeps the socket non-blocking: a read while data flows is one
+`recv` (no `poll` before it, no `settimeout` as a deadline nears); only a read
+that finds nothing waits in `poll`, bounded by the caller's deadline.
 The source's thread reads, and pings are answered with pongs inside `recv`
 (Twitch closes with 4002 otherwise; pings do not count as traffic for the
 keepalive timer, so `recv` reports only data frames). `send_text` is for
@@ -19,14 +22,20 @@ a broken connection. Nothing durable here.
 
 from __future__ import annotations
 
+import functools
+import select
 import socket
+import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 import websocket
 
 MAX_MESSAGE_BYTES = 1024 * 1024
+#: How long a send (a protocol's message, a pong) may wait for the socket.
+SEND_TIMEOUT_SECS = 1.0
 #: A frame (or a fragmented message) declaring this many bytes or more ends the
 #: connection with 1009 instead of being read: no platform sends anything near it.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -34,10 +43,11 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 _OP_CONT, _OP_TEXT, _OP_BINARY = 0x0, 0x1, 0x2
 _OP_CLOSE, _OP_PING, _OP_PONG = 0x8, 0x9, 0xA
 _READ_SIZE = 256 * 1024
-# A read waits at most this long at a time: the socket's timeout is only
-# changed when a deadline comes closer than it, so a busy connection never
-# pays for `settimeout` (an ioctl) per read.
+# A read that finds nothing waits at most this long at a time.
 _READ_QUANTUM = 0.5
+# What a non-blocking read says when there is nothing to read yet (TLS: no
+# whole record yet; WantWrite: the TLS layer must write first, rare).
+_NOTHING_YET = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 class _FrameReader:
@@ -53,7 +63,8 @@ class _FrameReader:
         self._sock = sock
         self._buf = bytearray()
         self._pos = 0
-        self._timeout: float | None = None
+        self._timeout: float | None = None  # what this reader last set; None: unknown
+        self._poll: select.poll | None = None
         # A fragmented message being assembled: its opcode, its parts and their size.
         self._opcode: int | None = None
         self._parts: list[bytes] = []
@@ -151,23 +162,37 @@ class _FrameReader:
         return bool(b0 & 0x80), opcode, payload
 
     def _fill(self, left: float) -> None:
+        """One read into the buffer; returns without data once `left` seconds passed."""
         if self._pos:
             del self._buf[:self._pos]
             self._pos = 0
-        wait = min(max(0.001, left), _READ_QUANTUM)
-        current = self._timeout
-        if current is None or wait < current or (current < _READ_QUANTUM and wait != current):
-            self._sock.settimeout(wait)
-            self._timeout = wait
+        if self._timeout != 0.0:  # the first read, or a send set a timeout of its own
+            self._sock.settimeout(0.0)
+            self._timeout = 0.0
         try:
-            data = self._sock.recv(_READ_SIZE)
-        except TimeoutError:
-            return
+            try:
+                data = self._sock.recv(_READ_SIZE)
+            except _NOTHING_YET as exc:
+                # A TLS socket may hold decrypted bytes the kernel does not
+                # know of: that is why the read comes first and the wait second.
+                want = select.POLLOUT if isinstance(exc, ssl.SSLWantWriteError) else select.POLLIN
+                if not self._wait(want, min(max(0.001, left), _READ_QUANTUM)):
+                    return
+                data = self._sock.recv(_READ_SIZE)
+        except _NOTHING_YET:
+            return  # woken without data (a TLS record not yet whole): the caller reads again
         except OSError as exc:
             raise WsClosed(None, f"{type(exc).__name__}: {exc}") from None
         if not data:
             raise WsClosed(None, "connection closed without a close frame")
         self._buf += data
+
+    def _wait(self, events: int, seconds: float) -> bool:
+        """Whether the socket became ready (or broke: the next read says how) within `seconds`."""
+        if self._poll is None:
+            self._poll = select.poll()
+        self._poll.register(self._sock, events)  # (again: sets the events)
+        return bool(self._poll.poll(seconds * 1000.0))
 
 
 def _unmask(payload: bytes, mask: bytes) -> bytes:
@@ -243,10 +268,7 @@ class WsConnection:
                 code = struct.unpack("!H", data[:2])[0] if len(data) >= 2 else None
                 raise WsClosed(code, bytes(data[2:]).decode("utf-8", "replace"))
             if opcode == _OP_PING:
-                try:
-                    ws.pong(data)
-                except (OSError, AttributeError, websocket.WebSocketException) as exc:
-                    raise WsClosed(None, f"pong failed: {type(exc).__name__}: {exc}") from None
+                self._send("pong", functools.partial(ws.pong, data))
                 continue
             if opcode == _OP_PONG:
                 continue  # not traffic for the keepalive timer
@@ -254,16 +276,23 @@ class WsConnection:
             return Binary(data) if opcode == _OP_BINARY else data
 
     def send_text(self, text: str) -> None:
-        """Send one text frame from the reading thread (bounded by the last `recv` timeout,
-        at least 1 s); raises WsClosed when the connection is gone."""
+        """Send one text frame from the reading thread (bounded to SEND_TIMEOUT_SECS); raises
+        WsClosed when the connection is gone."""
         ws = self._ws
         if ws is None:
             raise WsClosed(None, "not connected")
+        self._send("send", functools.partial(ws.send, text))
+
+    def _send(self, what: str, send: Callable[[], object]) -> None:
+        """A send on the reader's (non-blocking) socket, with a timeout of its own meanwhile."""
+        ws = self._ws
         try:
-            ws.settimeout(max(1.0, ws.gettimeout() or 0.0))
-            ws.send(text)
+            if ws is None:
+                raise WsClosed(None, "not connected")
+            ws.settimeout(SEND_TIMEOUT_SECS)
+            send()
         except (OSError, AttributeError, websocket.WebSocketException) as exc:
-            raise WsClosed(None, f"send failed: {type(exc).__name__}: {exc}") from None
+            raise WsClosed(None, f"{what} failed: {type(exc).__name__}: {exc}") from None
         finally:
             if self._reader is not None:
                 self._reader.timeout_changed()
