@@ -116,8 +116,10 @@ def depth_exceeds(data: bytes | bytearray | str, max_depth: int) -> bool:
         marks = raw.replace(b'\\"', b"").translate(None, _NOT_MARK)
     outside = marks.replace(b'""', b"")
     if b'"' in outside:
+        # A string with a bracket in it kept its quotes (which would also stop the
+        # passes below from ever emptying `nest`).
         return _depth_exceeds_exact(raw, max_depth)
-    # A bracket in a string would have kept its quotes: `outside` is the structure.
+    # No quote left: `outside` is exactly the brackets outside strings.
     nest = outside.translate(_PARENS)
     for _ in range(max_depth):
         nest = nest.replace(b"()", b"")
