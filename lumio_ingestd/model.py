@@ -416,13 +416,18 @@ class PlatformEvent:
     def new(cls, *, account_id: int, platform: str, type: str, payload: Mapping[str, Any],
             created_at: datetime | None = None, external_id: object = None,
             user_id: object = None, children: tuple[EventChild, ...] = (),
-            id: uuid.UUID | None = None) -> PlatformEvent:
-        """Build an event; its id and created_at are fixed here, once, before any insert."""
+            id: uuid.UUID | None = None, known_clean: bool = False) -> PlatformEvent:
+        """Build an event; its id and created_at are fixed here, once, before any insert.
+
+        `known_clean`: the payload is made of values from a frame or body that passed
+        `frame_is_clean`, so its repair walk is skipped (the fields and the children
+        are still cleaned)."""
         return cls(
             id=id or uuid7(), created_at=utc(created_at or datetime.now(UTC)),
             account_id=int(account_id), platform=clean_text(platform, 32),
             type=clean_text(type, MAX_TYPE), external_id=_opt(external_id, MAX_ID),
-            payload=clean_json(dict(payload)), user_id=_opt(user_id, MAX_ID),
+            payload=dict(payload) if known_clean else clean_json(dict(payload)),
+            user_id=_opt(user_id, MAX_ID),
             children=tuple(EventChild.from_json(c.to_json()) for c in children),
         )
 

@@ -170,6 +170,11 @@ def decode_json(data: bytes | str) -> dict[str, Any]:
     return _decode(data)[0]
 
 
+def decode_checked(data: bytes | str) -> tuple[dict[str, Any], bool]:
+    """`decode_json`, and whether every value in it is known clean (`frame_is_clean`)."""
+    return _decode(data, check_clean=True)
+
+
 def _decode(data: bytes | str, check_clean: bool = False) -> tuple[dict[str, Any], bool]:
     """The object, and whether its values are known clean (only if `check_clean`)."""
     if len(data) > MAX_FRAME_BYTES:
@@ -344,7 +349,7 @@ def _one(account_id: int, sub_type: str, event: Mapping[str, Any], delivery_id: 
     external_id = own_id if isinstance(own_id, (str, int)) and str(own_id) else delivery_id
     ev = PlatformEvent.new(account_id=account_id, platform=PLATFORM, type=sub_type, payload=event,
                            created_at=created_at, external_id=str(external_id),
-                           user_id=_user_of(event))
+                           user_id=_user_of(event), known_clean=known_clean)
     return Notification(event=ev, gift=_gift_of(sub_type, event), stream=_stream_of(sub_type, event, ev))
 
 
