@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lumio_ingestd.model import MAX_NAME, ChatMessage, PlatformEvent
+from lumio_ingestd.model import MAX_NAME, ChatMessage, PlatformEvent, frame_is_clean
 from lumio_ingestd.sources.kick import mapping as kick
 from lumio_ingestd.sources.twitch import mapping as twitch
 
@@ -111,7 +111,7 @@ def test_kick_socket_frames_give_the_rows_the_walk_gives() -> None:
         assert [_row(i) for i in got.items] == [_row(i) for i in walked], text[:200]
         inner = json.loads(text)["data"]
         if frame.clean:
-            assert kick.frame_is_clean(inner)
+            assert frame_is_clean(inner)
         if got.kind == "chat":
             clean_chat += frame.clean
             walked_chat += not frame.clean
@@ -143,7 +143,7 @@ def test_kick_socket_chat_known_clean_only_when_the_inner_text_passes() -> None:
     # not finite only: the check passes, the decoder refuses, the walk repairs
     nan = json.dumps({"event": "App\\Events\\ChatMessageEvent", "channel": "chatrooms.1.v2",
                       "data": json.dumps({**base, "metadata": {"n": float("nan"), "i": 1e999}})})
-    assert kick.frame_is_clean(json.loads(nan)["data"])
+    assert frame_is_clean(json.loads(nan)["data"])
     frame = kick.parse_frame(nan)
     assert not frame.clean
     msg = kick.interpret(42, nan, RECEIVED).items[0].chat
