@@ -49,9 +49,9 @@ REASONS: Final = ("too_large", "too_deep", "not_utf8", "not_json")
 
 # A JSON string (unrolled loop: no backtracking blow-up on long strings).
 _STRING_B = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_STRING_S = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET_B = bytes(c for c in range(256) if c not in b"[]{}")
-_NOT_BRACKET_S = re.compile(r"[^\[\]{}]+")
+_NOT_MARK = bytes(c for c in range(256) if c not in b'"[]{}')
+_PARENS = bytes.maketrans(b"[]{}", b"()()")
 
 
 class JsonRefused(ValueError):
@@ -65,16 +65,19 @@ class JsonRefused(ValueError):
 
 def loads(data: bytes | bytearray | str, *, max_depth: int = DEFAULT_MAX_DEPTH,
           max_bytes: int = DEFAULT_MAX_BYTES,
-          decode: Callable[[Any], Any] | None = None) -> Any:
+          decode: Callable[[Any], Any] | None = None, depth_at_most: int | None = None) -> Any:
     """`json.loads(data)` within the limits; raises JsonRefused (never RecursionError).
 
     `decode`: called instead of `json.loads` (an exception of its own that is
-    not a ValueError passes through).
+    not a ValueError passes through). `depth_at_most`: the caller's own scan
+    of this very `data` found it nested no deeper than this (as
+    `depth_exceeds` counts), so the scan is not run again when that is within
+    `max_depth`.
     """
     size = len(data)
     if size > max_bytes:
         raise JsonRefused("too_large", f"JSON document of {size} bytes (limit {max_bytes})")
-    if depth_exceeds(data, max_depth):
+    if (depth_at_most is None or depth_at_most > max_depth) and depth_exceeds(data, max_depth):
         raise JsonRefused("too_deep", f"JSON nested deeper than {max_depth} levels")
     try:
         return json.loads(data) if decode is None else decode(data)
@@ -92,17 +95,42 @@ def depth_exceeds(data: bytes | bytearray | str, max_depth: int) -> bool:
     Invalid JSON may be judged either way; the parser refuses it anyway, and
     it never recurses past a bracket this scan did not count (strings are
     removed only between quote pairs, exactly where the parser reads a string).
+
+    On every socket frame, so the common case stays at C speed: one pass
+    keeps only the quotes and brackets (`marks`); a document with few
+    brackets is answered there; otherwise, when no escaped backslash makes
+    quotes ambiguous, every adjacent `""` pair is a string without a bracket
+    inside, and if removing them leaves no quote, what is left is exactly the
+    brackets outside strings, whose depth is found by removing the innermost
+    pairs once per level. Anything else takes the exact scan.
     """
-    if isinstance(data, str):
-        if data.count("[") + data.count("{") <= max_depth:
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    marks = raw.translate(None, _NOT_MARK)
+    if marks.count(b"[") + marks.count(b"{") <= max_depth:
+        return False
+    if b"\\" in raw:
+        if b"\\\\" in raw:
+            return _depth_exceeds_exact(raw, max_depth)
+        # No escaped backslash: every backslash starts an escape, and only `\"`
+        # hides a quote (the bracket after any other escape is in a string anyway).
+        marks = raw.replace(b'\\"', b"").translate(None, _NOT_MARK)
+    outside = marks.replace(b'""', b"")
+    if b'"' in outside:
+        # A string with a bracket in it kept its quotes (which would also stop the
+        # passes below from ever emptying `nest`).
+        return _depth_exceeds_exact(raw, max_depth)
+    # No quote left: `outside` is exactly the brackets outside strings.
+    nest = outside.translate(_PARENS)
+    for _ in range(max_depth):
+        nest = nest.replace(b"()", b"")
+        if not nest:
             return False
-        structure = _STRING_S.sub("", data)
-        brackets = _NOT_BRACKET_S.sub("", structure)
-    else:
-        raw = bytes(data)
-        if raw.count(b"[") + raw.count(b"{") <= max_depth:
-            return False
-        brackets = _STRING_B.sub(b"", raw).translate(None, _NOT_BRACKET_B).decode("ascii")
+    return _depth_exceeds_exact(raw, max_depth)  # deep, or unbalanced: the exact answer
+
+
+def _depth_exceeds_exact(raw: bytes, max_depth: int) -> bool:
+    """`depth_exceeds` by a scan of every bracket outside the strings the regex finds."""
+    brackets = _STRING_B.sub(b"", raw).translate(None, _NOT_BRACKET_B).decode("ascii")
     depth = 0
     for c in brackets:
         if c in "[{":

@@ -10,6 +10,8 @@ label values below are small fixed sets.
 from __future__ import annotations
 
 import threading
+import weakref
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,6 +31,14 @@ STATUS_PLATFORMS = ("twitch", "kick")
 STATUS_POLL_ERRORS = ("unavailable", "status", "token", "rate_limited", "bad_response")
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class HeldChat(Protocol):
+    """A source's chat queue, as the depth gauge sees it."""
+
+    def held(self) -> int:
+        """Messages in memory and not yet taken by a tier (a thread-safe read)."""
+        ...
 
 
 class Metrics:
@@ -73,6 +83,11 @@ class Metrics:
             "(NUL, lone surrogate, over-long)", registry=r)
         self.chat_persistence_queue_depth = Gauge(
             "chat_persistence_queue_depth", "Chat messages held in memory by sources", registry=r)
+        # Summed from the sources' queues when scraped: exact at every scrape, and no
+        # per-message `.inc()` (a lock and a float add) on the sources' hot path.
+        self._chat_queues: weakref.WeakSet[HeldChat] = weakref.WeakSet()
+        self._chat_queues_lock = threading.Lock()
+        self.chat_persistence_queue_depth.set_function(self._chat_held)
 
         # -- events ----------------------------------------------------------
         self.events_persist_failures = Counter(
@@ -328,3 +343,13 @@ class Metrics:
         self.account_workers_reconciled = Counter(
             "account_workers_reconciled", "Account workers a reload stopped (removed or changed "
             "accounts) and started (added or changed accounts)", ["action"], registry=r)
+
+    def hold_chat(self, queue: HeldChat) -> None:
+        """Count `queue.held()` in `chat_persistence_queue_depth` while `queue` lives."""
+        with self._chat_queues_lock:
+            self._chat_queues.add(queue)
+
+    def _chat_held(self) -> float:
+        with self._chat_queues_lock:
+            queues = list(self._chat_queues)
+        return float(sum(q.held() for q in queues))

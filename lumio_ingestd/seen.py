@@ -42,10 +42,13 @@ class RecentIds:
         return len(self._ids)
 
     def add(self, message_id: str) -> None:
-        self._ids[message_id] = None
-        self._ids.move_to_end(message_id)
-        while len(self._ids) > self._size:
-            self._ids.popitem(last=False)
+        ids = self._ids
+        if message_id in ids:
+            ids.move_to_end(message_id)
+            return
+        ids[message_id] = None  # a new key goes to the end by itself
+        while len(ids) > self._size:
+            ids.popitem(last=False)
 
 
 class SeenDeliveries:

@@ -5,9 +5,11 @@ Real Redis and PostgreSQL; every test ends with the exactly-once oracle.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,5 +200,41 @@ def test_a_batch_whose_hand_over_raises_stays_queued_and_is_stored_once(rig: Cha
         queue.add(msg)
     queue.drain()
     assert counter_value(rig.metrics, "chat_persistence_queue_depth") == 0
+    rig.flusher().tick()
+    assert_exactly_once(rig.stored(), [m.message_id for m in sent])
+
+
+def test_the_depth_gauge_counts_every_held_message_at_every_scrape(rig: ChatRig) -> None:
+    """No `.inc()` per message: the gauge sums the queues' `held()` when read, so it is exact
+    between hand-overs, during one (the batch is still only in memory) and across queues."""
+    ingest = rig.ingest()
+    real = ingest.persist_batch
+    seen_during: list[float] = []
+
+    def persist_and_look(items: Any) -> Any:
+        seen_during.append(counter_value(rig.metrics, "chat_persistence_queue_depth"))
+        return real(items)
+
+    ingest.persist_batch = persist_and_look  # type: ignore[method-assign,assignment]
+    first = ChatQueue(ingest, rig.metrics, max_batch=10, max_delay_secs=60)
+    second = ChatQueue(ingest, rig.metrics, max_batch=10, max_delay_secs=60)
+    sent = make_messages(13, account=7) + make_messages(4, account=8)
+    for i, msg in enumerate(sent[:13]):
+        first.add(msg)
+        if i < 9:
+            assert counter_value(rig.metrics, "chat_persistence_queue_depth") == i + 1
+    assert seen_during == [10.0]  # the batch being handed over was still counted
+    for msg in sent[13:]:
+        second.add(msg)
+    assert counter_value(rig.metrics, "chat_persistence_queue_depth") == 3 + 4
+    assert first.held() == 3 and second.held() == 4
+    second.drain()
+    assert seen_during[-1] == 7.0
+    assert counter_value(rig.metrics, "chat_persistence_queue_depth") == 3
+    first.drain()
+    assert counter_value(rig.metrics, "chat_persistence_queue_depth") == 0
+    del first, second
+    gc.collect()
+    assert counter_value(rig.metrics, "chat_persistence_queue_depth") == 0  # a dropped queue: gone
     rig.flusher().tick()
     assert_exactly_once(rig.stored(), [m.message_id for m in sent])

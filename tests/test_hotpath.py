@@ -1,25 +1,36 @@
-"""The source hot path: the raw-text check that lets a clean frame skip the repair walk, and the
-fixed-format timestamp parse. Pure functions, no servers."""
+"""The source hot path: the raw-text check that lets a clean frame skip the repair walk, the one
+depth scan per frame, the fixed-format timestamp parse, the message built without its walk or its
+frozen `__init__`, the duplicate window. Pure functions, no servers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from datetime import UTC, datetime
+import random
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 import twitch_frames as tf
+from lumio_ingestd import boundedjson, model
 from lumio_ingestd.model import (
     MAX_ID,
+    MAX_JSON_DEPTH,
     MAX_JSON_STRING,
     MAX_NAME,
     MAX_TEXT,
     ChatMessage,
     _parse_time_general,
+    clean_json,
+    clean_text,
+    format_time,
     frame_is_clean,
     parse_time,
+    utc,
 )
+from lumio_ingestd.seen import RecentIds
+from lumio_ingestd.sources.twitch import mapping
 from lumio_ingestd.sources.twitch.mapping import BadFrame, interpret, map_chat, parse_envelope
 
 DELIVERY = datetime(2026, 1, 5, 18, 1, 2, 345678, tzinfo=UTC)
@@ -173,3 +184,249 @@ def test_the_fixed_format_timestamp_gives_what_the_general_parser_gives(text: st
     assert got == expected
     if isinstance(got, datetime):
         assert got.tzinfo == UTC and got.utcoffset() == expected.utcoffset()  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- one depth scan
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def _interleaved(depth: int, *strings: str) -> Any:
+    """Each level `[s0, s1, <next level>, s2, s3]`."""
+    value: Any = 0
+    for _ in range(depth):
+        value = [strings[0], strings[1], value, strings[2], strings[3]]
+    return value
+
+
+def _true_depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_true_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_true_depth(v) for v in value), default=0)
+    return 0
+
+
+def _random_doc(rng: random.Random, depth: int) -> Any:
+    """JSON with strings that hold brackets, quotes, backslashes and non-ASCII text."""
+    pieces = ["[", "]", "{", "}", '"', "\\", "a", "\u00e9", "\u20ac", "\U0001F600", "\n", " ", "1"]
+    if depth <= 0 or rng.random() < 0.05:
+        return rng.choice(["".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))),
+                           rng.randint(-10, 10), None, True, 1.5])
+    # one child goes on down, its siblings stay shallow (the document stays small)
+    kids = [_random_doc(rng, depth - 1)] + [_random_doc(rng, rng.randint(0, min(2, depth - 1)))
+                                            for _ in range(rng.randint(0, 3))]
+    rng.shuffle(kids)
+    if rng.random() < 0.5:
+        return kids
+    return {"".join(rng.choice(pieces) for _ in range(rng.randint(0, 3))) + str(i): kid
+            for i, kid in enumerate(kids)}
+
+
+def test_the_fast_depth_scan_answers_what_the_exact_scan_answers() -> None:
+    rng = random.Random(16)
+    docs = [json.dumps(_random_doc(rng, rng.randint(0, 40)), ensure_ascii=rng.random() < 0.5)
+            for _ in range(1500)]
+    docs += [json.dumps(_nested(n)) for n in range(28, 70)]
+    # brackets in strings beside a structure 33 deep: neither may hide or fake a level
+    # Strings whose brackets, read as structure, would close each level at once: an escaped
+    # quote, or a backslash before a closing quote, misread would make 40 levels look like 1.
+    docs += [json.dumps(_interleaved(40, '"', ']"', '"', '["')),
+             json.dumps(_interleaved(40, "\\", "]\\", "\\", "[\\"))]
+    docs += [json.dumps({"s": "[" * 40 + "}", "t": 'x\\"[', "v": _nested(33)}),
+             json.dumps({"s": "]" * 40, "v": _nested(32)}),
+             json.dumps({"s": "a\\\\", "v": _nested(33)}), json.dumps(["\\\"[[["] * 20)]
+    checked = 0
+    for doc in docs:
+        obj = json.loads(doc)
+        for limit in (16, 32, 64):
+            expected = _true_depth(obj) > limit
+            assert boundedjson.depth_exceeds(doc, limit) is expected, (limit, doc[:200])
+            assert boundedjson.depth_exceeds(doc.encode(), limit) is expected
+            assert boundedjson._depth_exceeds_exact(doc.encode(), limit) is expected
+            checked += expected
+    assert checked > 100  # the deep side was exercised, not only the shallow one
+
+
+def test_invalid_json_is_scanned_the_exact_way_and_still_refused() -> None:
+    for doc in ('[' * 70, '{"a": ' * 40 + '"x"', '["' + "[" * 70 + ']', '"' + "[" * 70,
+                '[' * 40 + '"\\' + ']' * 40):
+        got = boundedjson.depth_exceeds(doc, 32)
+        assert got is boundedjson._depth_exceeds_exact(doc.encode(), 32), doc[:80]
+        with pytest.raises(boundedjson.JsonRefused):
+            boundedjson.loads(doc, max_depth=32)
+
+
+def test_depth_at_most_skips_the_scan_only_within_the_limit() -> None:
+    deep = json.dumps(_nested(70))
+    with pytest.raises(boundedjson.JsonRefused) as refused:
+        boundedjson.loads(deep, max_depth=64, depth_at_most=65)  # a bound past the limit: scanned
+    assert refused.value.reason == "too_deep"
+    assert boundedjson.loads(deep, max_depth=64, depth_at_most=64) == json.loads(deep)  # trusted
+
+
+def _chat_frame_nested(depth: int, text: str = "hi") -> str:
+    return _chat_frame(text, reply=_nested(depth))
+
+
+@pytest.mark.parametrize("text", ["hi", "a \\\\ backslash"])  # the second fails the check early
+def test_a_frame_past_the_parser_limit_is_still_refused_as_too_deep(text: str) -> None:
+    frame = _chat_frame_nested(70, text)
+    assert not frame_is_clean(frame)
+    with pytest.raises(BadFrame) as refused:
+        parse_envelope(frame)
+    assert refused.value.reason == "too_deep"
+
+
+@pytest.mark.parametrize("depth", [33, 40, 60])
+def test_a_frame_past_the_clean_depth_is_repaired(depth: int) -> None:
+    frame = _chat_frame_nested(depth)
+    clean, fast = _via_interpret(frame)
+    assert not clean and fast.sanitized
+    _assert_same(fast, _walked(frame))
+
+
+def test_a_frame_at_the_clean_depth_is_clean() -> None:
+    # the reply sits 3 levels down (frame, payload, event): 29 more make 32 in all
+    frame = _chat_frame_nested(29)
+    assert _true_depth(json.loads(frame)) == MAX_JSON_DEPTH
+    clean, fast = _via_interpret(frame)
+    assert clean and not fast.sanitized
+    _assert_same(fast, _walked(frame))
+    assert not frame_is_clean(_chat_frame_nested(30))
+
+
+# --------------------------------------------------------------------------- long strings
+
+
+@pytest.mark.parametrize(("text", "clean"), [
+    ("x" * MAX_NAME, True),
+    ("x" * (MAX_NAME + 1), False),
+    ("\u00e9" * MAX_NAME, True),          # 512 bytes, 256 characters: the byte check defers
+    ("\u00e9" * (MAX_NAME + 1), False),
+    ("\U0001F600" * MAX_NAME, True),      # 4 bytes each
+    ("a\"" * 200, True),                  # escaped quotes split nothing, but 400 chars...
+])
+def test_the_long_string_check_counts_characters_not_bytes(text: str, clean: bool) -> None:
+    frame = json.dumps({"a": text}, ensure_ascii=False)
+    expected = clean and len(text) <= MAX_NAME
+    assert frame_is_clean(frame) is expected, text[:20]
+    assert model._has_long_run(frame, MAX_NAME) is (model._long_run(MAX_NAME).search(frame) is not None)
+
+
+def test_the_long_string_check_gives_what_the_regex_gives() -> None:
+    rng = random.Random(7)
+    alphabet = ['"', "a", "\u00e9", "\U0001F600", " ", ":"]
+    for _ in range(2000):
+        probe = "".join(rng.choice(alphabet) if rng.random() < 0.02 else "a" * rng.randint(0, 120)
+                        for _ in range(rng.randint(1, 30)))
+        for limit in (8, 64, 256):
+            assert model._has_long_run(probe, limit) is (
+                model._long_run(limit).search(probe) is not None), (limit, probe[:80])
+
+
+# --------------------------------------------------------------------------- building a message
+
+
+def _create_by_walk(**kw: Any) -> ChatMessage:
+    """What `ChatMessage.create` gave before its fast path: every field cleaned one by one."""
+    raw = (kw["message_id"], kw.get("user_id", ""), kw.get("user_login", ""),
+           kw.get("display_name", ""), kw.get("text", ""))
+    clean = (clean_text(raw[0], MAX_ID), clean_text(raw[1], MAX_ID), clean_text(raw[2], MAX_NAME),
+             clean_text(raw[3], MAX_NAME), clean_text(raw[4], MAX_TEXT))
+    given = dict(kw.get("extras") or {})
+    extras = given if kw.get("known_clean") else clean_json(given)
+    return ChatMessage(platform=clean_text(kw["platform"], 32), account_id=int(kw["account_id"]),
+                       message_id=clean[0], created_at=utc(kw["created_at"]), user_id=clean[1],
+                       user_login=clean[2], display_name=clean[3], text=clean[4], extras=extras,
+                       sanitized=raw != clean or extras != given)
+
+
+FIELD_CASES: list[dict[str, Any]] = [
+    {},
+    {"text": "caf\u00e9 \U0001F600"},
+    {"text": "nul \x00"},
+    {"user_login": "\ud83d", "display_name": "\ude00"},  # two halves in two fields: both repaired
+    {"display_name": "\ud83d\ude00"},                     # a real pair written as two surrogates
+    {"message_id": "m" * (MAX_ID + 1)},
+    {"user_id": "u" * (MAX_ID + 1)},
+    {"user_login": "l" * (MAX_NAME + 1)},
+    {"text": "t" * (MAX_TEXT + 1)},
+    {"text": "t" * MAX_TEXT},
+    {"user_id": 12345},                                   # not a str: converted
+    {"user_id": None},
+    {"platform": "p" * 33},
+    {"platform": "tw\x00itch"},
+    {"extras": {"k": "v\x00"}},
+    {"extras": {"k": "v\x00"}, "known_clean": True},      # the caller's promise is taken
+    {"extras": {"k": [1, 2.5, None]}},
+    {"extras": {"k": float("nan")}},
+    {"created_at": datetime(2026, 1, 5, 18, 1, 2)},       # naive: taken as UTC
+    {"created_at": datetime(2026, 1, 5, 20, 1, 2, tzinfo=timezone(timedelta(hours=2)))},
+]
+
+
+@pytest.mark.parametrize("case", FIELD_CASES, ids=[repr(c)[:40] for c in FIELD_CASES])
+@pytest.mark.parametrize("known_clean", [False, True])
+def test_create_gives_what_cleaning_field_by_field_gives(case: dict[str, Any], known_clean: bool) -> None:
+    kw: dict[str, Any] = {"platform": "twitch", "account_id": 42, "message_id": "m-1",
+                          "created_at": DELIVERY, "user_id": "1", "user_login": "viewer",
+                          "display_name": "Viewer", "text": "hello", "extras": {"color": "#fff"},
+                          "known_clean": known_clean}
+    kw.update(case)
+    got, expected = ChatMessage.create(**kw), _create_by_walk(**kw)
+    assert got == expected
+    assert got.sanitized is expected.sanitized
+    assert got.created_at.utcoffset() == timedelta(0)
+    for name in ("platform", "message_id", "user_id", "user_login", "display_name", "text"):
+        value = getattr(got, name)
+        assert type(value) is str and not model._BAD_CHARS.search(value)
+    if "known_clean" not in case:
+        assert got.to_entry() == expected.to_entry()
+
+
+def test_the_fast_builders_build_what_the_dataclass_builds() -> None:
+    fields_ = dict(platform="twitch", account_id=1, message_id="m", created_at=DELIVERY, user_id="u",
+                   user_login="l", display_name="d", text="t", extras={"a": 1}, sanitized=True)
+    fast, slow = model._new_chat(*fields_.values()), ChatMessage(**fields_)  # type: ignore[arg-type]
+    assert fast == slow and fast.sanitized and repr(fast) == repr(slow)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.text = "changed"  # type: ignore[misc]
+    env = mapping._new_envelope("id", "notification", DELIVERY, "t", "1", {"p": 1}, True)
+    assert env == mapping.Envelope("id", "notification", DELIVERY, "t", "1", {"p": 1}, True)
+    chat = ChatMessage(**fields_)  # type: ignore[arg-type]
+    assert mapping._chat_note(chat) == mapping.Notification(chat=chat)
+    with pytest.raises(AssertionError):  # a field added without its builder is caught at import
+        model.slot_setters(ChatMessage, ("platform", "account_id"))
+
+
+@pytest.mark.parametrize("ts", [
+    DELIVERY, DELIVERY.replace(microsecond=0), datetime(999, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+    datetime(2026, 1, 5, 18, 1, 2, 7),  # naive
+    datetime(2026, 1, 5, 20, 1, 2, 7, tzinfo=timezone(timedelta(hours=2))),
+    datetime(2026, 1, 5, 18, 1, 2, 7, tzinfo=timezone(timedelta(0), "named UTC")),
+])
+def test_format_time_gives_what_it_gave(ts: datetime) -> None:
+    assert format_time(ts) == utc(ts).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    assert format_time(ts).endswith("Z") and len(format_time(ts)) == 27
+
+
+# --------------------------------------------------------------------------- the duplicate window
+
+
+def test_recent_ids_forget_the_oldest_and_a_repeat_counts_as_new() -> None:
+    recent = RecentIds(3)
+    for ident in ("a", "b", "c"):
+        recent.add(ident)
+    recent.add("a")  # seen again: now the newest
+    recent.add("d")  # "b" is the oldest now, and goes
+    assert "b" not in recent and all(i in recent for i in ("a", "c", "d")) and len(recent) == 3
+    assert list(recent._ids) == ["c", "a", "d"]
+    empty = RecentIds(0)
+    empty.add("x")
+    assert len(empty) == 0

@@ -275,6 +275,12 @@ class ChatQueue:
     source after every read or read timeout) does the latter without a new
     message; `drain` hands over everything (the source calls it before it
     reports stopped). Flushes run on the caller's thread.
+
+    One thread owns a queue: its source's, which is the only caller of
+    `add`, `poll`, `drain` and `next_due` (from `read_once`, `idle` and
+    `release`, all on that thread), so no lock is taken per message. The one
+    reader from elsewhere is the depth gauge, through `held()` when metrics
+    are scraped (a list length and an int: each read is atomic).
     """
 
     def __init__(self, ingest: ChatIngest, metrics: Metrics, *, max_batch: int = 200,
@@ -282,44 +288,46 @@ class ChatQueue:
         self.max_batch = max(1, max_batch)
         self.max_delay_secs = max_delay_secs
         self._ingest = ingest
-        self._metrics = metrics
         self._clock = clock
         self._items: list[ChatMessage] = []
         self._oldest = 0.0
-        self._lock = threading.Lock()
+        # Taken out of `_items` for a hand-over that has not returned: still only in memory.
+        self._in_flight = 0
         self.totals: Counter[str] = Counter()
+        metrics.hold_chat(self)
 
     def __len__(self) -> int:
         return len(self._items)
 
+    def held(self) -> int:
+        """Messages in memory and not yet taken by a tier (`chat_persistence_queue_depth`)."""
+        return len(self._items) + self._in_flight
+
     def next_due(self) -> float | None:
         """When the oldest message must be handed over (clock time), or None if empty."""
-        with self._lock:
-            return self._oldest + self.max_delay_secs if self._items else None
+        return self._oldest + self.max_delay_secs if self._items else None
 
     def add(self, msg: ChatMessage, now: float | None = None) -> None:
         now = self._clock() if now is None else now
-        with self._lock:
-            if not self._items:
-                self._oldest = now
-            self._items.append(msg)
-            self._metrics.chat_persistence_queue_depth.inc()
-            if len(self._items) >= self.max_batch or now - self._oldest >= self.max_delay_secs:
-                self._hand_over()
+        items = self._items
+        if not items:
+            self._oldest = now
+        items.append(msg)
+        if len(items) >= self.max_batch or now - self._oldest >= self.max_delay_secs:
+            self._hand_over()
 
     def poll(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
-        with self._lock:
-            if self._items and now - self._oldest >= self.max_delay_secs:
-                self._hand_over()
+        if self._items and now - self._oldest >= self.max_delay_secs:
+            self._hand_over()
 
     def drain(self) -> Counter[str]:
         """Hand over everything held; returns the tiers that took it."""
-        with self._lock:
-            return self._hand_over()
+        return self._hand_over()
 
     def _hand_over(self) -> Counter[str]:
         items, self._items = self._items, []
+        self._in_flight = len(items)
         try:
             counts = self._ingest.persist_batch(items)
         except Exception:
@@ -328,6 +336,7 @@ class ChatQueue:
             # and for release() (a repeat of what a tier took already is idempotent downstream).
             self._items = items + self._items
             raise
-        self._metrics.chat_persistence_queue_depth.dec(len(items))
+        finally:
+            self._in_flight = 0
         self.totals.update(counts)
         return counts

@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ... import boundedjson
-from ...model import ChatMessage, EventChild, PlatformEvent
+from ... import boundedjson, fastjson
+from ...model import MAX_JSON_DEPTH, ChatMessage, EventChild, PlatformEvent, frame_is_clean
 from ...sessions import StreamChange
-from ..twitch.mapping import BadFrame, decode_json, sane_time
+from ..twitch.mapping import BadFrame, decode_checked, decode_json, sane_time
 
 PLATFORM = "kick"
 BUCKET_SECS = 300
@@ -80,6 +80,8 @@ class PusherFrame:
     name: str  # the part after the last backslash
     channel: str | None
     data: Any  # `data` decoded (twice when it was a JSON string)
+    # Every value in `data` is known clean (`frame_is_clean` passed on the text it came from).
+    clean: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +153,9 @@ def content_id(account_id: int, family: str, content: Sequence[object], at: date
                bucket_secs: int) -> str:
     """The deterministic external id of an event without an id of its own (see the module doc)."""
     canonical = json.dumps([account_id, family, *content], separators=(",", ":"), ensure_ascii=False)
-    digest = hashlib.sha256(canonical.encode()).hexdigest()[:24]
+    # surrogatepass: a lone surrogate in a user name (valid JSON, repaired later in the row)
+    # must not make the frame raise; any other text hashes as it always did.
+    digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     return f"{family}:{digest}:{int(at.timestamp()) // max(1, bucket_secs)}"
 
 
@@ -167,9 +171,11 @@ def stream_key(account_id: int, started_at: datetime) -> str:
 
 def _event(account_id: int, type_: str, payload: Mapping[str, Any], at: datetime, external_id: str,
            user_id: object = None, children: tuple[EventChild, ...] = (),
-           stream: StreamChange | None = None) -> Item:
+           stream: StreamChange | None = None, *, clean: bool) -> Item:
+    """`clean`: every value in `payload` comes from a frame or body that passed `frame_is_clean`."""
     ev = PlatformEvent.new(account_id=account_id, platform=PLATFORM, type=type_, payload=payload,
-                           created_at=at, external_id=external_id, user_id=_id(user_id), children=children)
+                           created_at=at, external_id=external_id, user_id=_id(user_id), children=children,
+                           known_clean=clean)
     return Item(event=ev, stream=stream)
 
 
@@ -181,11 +187,11 @@ def _giftees(names: Sequence[object]) -> tuple[list[str], tuple[EventChild, ...]
 
 def _gift(account_id: int, payload: Mapping[str, Any], gifter: str, giftees: Sequence[object],
           at: datetime, bucket_secs: int, user_id: object = None,
-          children: tuple[EventChild, ...] | None = None) -> Item:
+          children: tuple[EventChild, ...] | None = None, *, clean: bool) -> Item:
     keys, made = _giftees(giftees)
     ext = content_id(account_id, "gift", [_low(gifter), keys], at, bucket_secs)
     return _event(account_id, GIFTS_TYPE, payload, at, ext, user_id,
-                  children if children is not None else made)
+                  children if children is not None else made, clean=clean)
 
 
 def _subscription_type(months: object) -> str:
@@ -193,24 +199,40 @@ def _subscription_type(months: object) -> str:
         "channel.subscription.new"
 
 
+# Handlers: (account, body, message id, sent at, bucket_secs, known clean) -> rows.
+_WebhookHandler = Callable[[int, Mapping[str, Any], str, datetime, int, bool], list[Item]]
+
+
 # --------------------------------------------------------------------------- Pusher
 
 
 def parse_frame(data: bytes | str) -> PusherFrame:
     """One Pusher frame: `{"event", "channel"?, "data"}`, `data` decoded when it is a JSON string."""
-    obj = decode_json(data)
+    obj, clean = decode_checked(data)
     event = obj.get("event")
     if not isinstance(event, str) or not event:
         raise BadFrame("shape", "frame.event missing or not a non-empty string")
     channel = obj.get("channel")
     inner = obj.get("data")
     if isinstance(inner, str):
+        # Pusher sends `data` as JSON inside a string: that text is what the check reads
+        # (the frame around it has a long string and escaped quotes, so it never passes).
         try:
-            inner = boundedjson.loads(inner) if inner else {}
+            inner, clean = _decode_inner(inner) if inner else ({}, True)
         except ValueError as exc:
             raise BadFrame("json", f"frame.data of {event[:64]} is a string but not JSON: {exc}") from None
     return PusherFrame(event=event, name=event.rsplit("\\", 1)[-1], channel=channel if isinstance(
-        channel, str) else None, data=inner)
+        channel, str) else None, data=inner, clean=clean)
+
+
+def _decode_inner(text: str) -> tuple[Any, bool]:
+    """The JSON in a frame's `data` string, and whether its values are known clean."""
+    if frame_is_clean(text):
+        try:  # depth already scanned by the check
+            return boundedjson.loads(text, depth_at_most=MAX_JSON_DEPTH, decode=fastjson.loads_finite), True
+        except fastjson.NotFinite:
+            return boundedjson.loads(text, depth_at_most=MAX_JSON_DEPTH, decode=fastjson.loads), False
+    return boundedjson.loads(text, decode=fastjson.loads), False
 
 
 def interpret(account_id: int, data: bytes | str, received_at: datetime, *,
@@ -224,13 +246,13 @@ def interpret(account_id: int, data: bytes | str, received_at: datetime, *,
         return Interpreted("unsupported", frame)
     if not isinstance(frame.data, dict):
         raise BadFrame("shape", f"{frame.name}: data is not an object")
-    items = tuple(handler(account_id, frame.data, received_at, bucket_secs))
+    items = tuple(handler(account_id, frame.data, received_at, bucket_secs, frame.clean))
     kind: Literal["chat", "event"] = "chat" if items and items[0].chat is not None else "event"
     return Interpreted(kind, frame, items)
 
 
 def pusher_chat(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                bucket_secs: int) -> list[Item]:
+                bucket_secs: int, clean: bool) -> list[Item]:
     sender = _obj(d.get("sender"))
     identity = _obj(sender.get("identity"))
     created = _time(d.get("created_at"), "data.created_at") or received_at
@@ -243,29 +265,30 @@ def pusher_chat(account_id: int, d: Mapping[str, Any], received_at: datetime,
                              message_id=_need_str(d, "id", "data"), created_at=_second(created),
                              user_id=_text(_id(sender.get("id"))), user_login=_text(sender.get("slug")),
                              display_name=_text(sender.get("username")), text=_text(d.get("content")),
-                             extras=extras)
+                             extras=extras, known_clean=clean)
     return [Item(chat=msg)]
 
 
 def pusher_subscription(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                        bucket_secs: int) -> list[Item]:
+                        bucket_secs: int, clean: bool) -> list[Item]:
     username = _need_str(d, "username", "data")
     months = d.get("months")
     ext = content_id(account_id, "sub", [_low(username), months if isinstance(months, int) else None],
                      received_at, bucket_secs)
-    return [_event(account_id, _subscription_type(months), d, received_at, ext)]
+    return [_event(account_id, _subscription_type(months), d, received_at, ext, clean=clean)]
 
 
 def pusher_gifts(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                 bucket_secs: int) -> list[Item]:
+                 bucket_secs: int, clean: bool) -> list[Item]:
     names = d.get("gifted_usernames")
     if not isinstance(names, list):
         raise BadFrame("shape", "data.gifted_usernames missing or not a list")
-    return [_gift(account_id, d, _text(d.get("gifter_username")), names, received_at, bucket_secs)]
+    return [_gift(account_id, d, _text(d.get("gifter_username")), names, received_at, bucket_secs,
+                  clean=clean)]
 
 
 def pusher_lucky_users(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                       bucket_secs: int) -> list[Item]:
+                       bucket_secs: int, clean: bool) -> list[Item]:
     names = d.get("usernames")
     if not isinstance(names, list):
         raise BadFrame("shape", "data.usernames missing or not a list")
@@ -273,79 +296,81 @@ def pusher_lucky_users(account_id: int, d: Mapping[str, Any], received_at: datet
     payload = {"usernames": names, "gifter_username": d.get("gifter_username"),
                "channel_id": _obj(d.get("channel")).get("id"),
                "seen_as": "LuckyUsersWhoGotGiftSubscriptionsEvent"}
-    return [_gift(account_id, payload, _text(d.get("gifter_username")), names, received_at, bucket_secs)]
+    return [_gift(account_id, payload, _text(d.get("gifter_username")), names, received_at, bucket_secs,
+                  clean=clean)]
 
 
 def pusher_host(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                bucket_secs: int) -> list[Item]:
+                bucket_secs: int, clean: bool) -> list[Item]:
     host = _need_str(d, "host_username", "data")
     viewers = d.get("number_viewers")
     ext = content_id(account_id, "host", [_low(host), viewers if isinstance(viewers, int) else None],
                      received_at, bucket_secs)
-    return [_event(account_id, "StreamHostEvent", d, received_at, ext)]
+    return [_event(account_id, "StreamHostEvent", d, received_at, ext, clean=clean)]
 
 
 def pusher_reward(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                  bucket_secs: int) -> list[Item]:
+                  bucket_secs: int, clean: bool) -> list[Item]:
     username = _need_str(d, "username", "data")
     ext = content_id(account_id, "reward", [_low(username), _text(d.get("reward_title")),
                                             _text(d.get("user_input"))], received_at, bucket_secs)
-    return [_event(account_id, "channel.reward.redemption.updated", d, received_at, ext, d.get("user_id"))]
+    return [_event(account_id, "channel.reward.redemption.updated", d, received_at, ext, d.get("user_id"),
+                   clean=clean)]
 
 
 def pusher_kicks(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                 bucket_secs: int) -> list[Item]:
+                 bucket_secs: int, clean: bool) -> list[Item]:
     sender = _obj(d.get("sender"))
     at = _time(d.get("created_at"), "data.created_at") or received_at
     message = d.get("message") if d.get("message") is not None else _obj(d.get("gift")).get("message")
     ext = content_id(account_id, "kicks", [_low(sender.get("username")), _text(message)], at, bucket_secs)
-    return [_event(account_id, "kicks.gifted", d, at, ext, sender.get("id"))]
+    return [_event(account_id, "kicks.gifted", d, at, ext, sender.get("id"), clean=clean)]
 
 
 def pusher_live(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                bucket_secs: int) -> list[Item]:
+                bucket_secs: int, clean: bool) -> list[Item]:
     stream = _need_obj(d, "livestream", "data")
     started = _time(stream.get("created_at"), "data.livestream.created_at") or received_at
     key = stream_key(account_id, started)
     change = StreamChange("online", key, started, PLATFORM)
-    return [_event(account_id, STATUS_TYPE, d, started, key, stream=change)]
+    return [_event(account_id, STATUS_TYPE, d, started, key, stream=change, clean=clean)]
 
 
 def pusher_offline(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                   bucket_secs: int) -> list[Item]:
+                   bucket_secs: int, clean: bool) -> list[Item]:
     ext = content_id(account_id, "offline", [], received_at, bucket_secs)
     return [_event(account_id, STATUS_TYPE, d, received_at, ext,
-                   stream=StreamChange("offline", None, received_at, PLATFORM))]
+                   stream=StreamChange("offline", None, received_at, PLATFORM), clean=clean)]
 
 
 def pusher_banned(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                  bucket_secs: int) -> list[Item]:
+                  bucket_secs: int, clean: bool) -> list[Item]:
     user = _need_obj(d, "user", "data")
     ext = content_id(account_id, "ban", [_low(user.get("username")),
                                          _low(_obj(d.get("banned_by")).get("username"))],
                      received_at, bucket_secs)
-    return [_event(account_id, "moderation.banned", d, received_at, ext, user.get("id"))]
+    return [_event(account_id, "moderation.banned", d, received_at, ext, user.get("id"), clean=clean)]
 
 
 def pusher_unbanned(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                    bucket_secs: int) -> list[Item]:
+                    bucket_secs: int, clean: bool) -> list[Item]:
     user = _need_obj(d, "user", "data")
     own = _id(d.get("id"))
     ext = own or content_id(account_id, "unban", [_low(user.get("username"))], received_at, bucket_secs)
-    return [_event(account_id, "UserUnbannedEvent", d, received_at, ext, user.get("id"))]
+    return [_event(account_id, "UserUnbannedEvent", d, received_at, ext, user.get("id"), clean=clean)]
 
 
 def pusher_deleted(account_id: int, d: Mapping[str, Any], received_at: datetime,
-                   bucket_secs: int) -> list[Item]:
+                   bucket_secs: int, clean: bool) -> list[Item]:
     message_id = _id(_obj(d.get("message")).get("id"))
     own = _id(d.get("id"))
     if own is None and message_id is None:
         raise BadFrame("shape", "MessageDeletedEvent without data.id or data.message.id")
     ext = own or f"deleted:{message_id}"
-    return [_event(account_id, "MessageDeletedEvent", d, received_at, ext)]
+    return [_event(account_id, "MessageDeletedEvent", d, received_at, ext, clean=clean)]
 
 
-_Handler = Callable[[int, Mapping[str, Any], datetime, int], list[Item]]
+_Handler = Callable[[int, Mapping[str, Any], datetime, int, bool], list[Item]]
 
 _PUSHER: Mapping[str, _Handler] = {
     "ChatMessageEvent": pusher_chat,
@@ -372,16 +397,19 @@ def broadcaster_of(body: Mapping[str, Any]) -> str | None:
 
 
 def map_webhook(account_id: int, event_type: str, body: Mapping[str, Any], message_id: str,
-                sent_at: datetime, *, bucket_secs: int = BUCKET_SECS) -> list[Item] | None:
-    """The rows of one webhook body; None for an event type this code does not know."""
+                sent_at: datetime, *, bucket_secs: int = BUCKET_SECS,
+                known_clean: bool = False) -> list[Item] | None:
+    """The rows of one webhook body; None for an event type this code does not know.
+
+    `known_clean`: the body passed `frame_is_clean` (`decode_checked`)."""
     handler = _WEBHOOK.get(event_type)
     if handler is None:
         return None
-    return handler(account_id, body, message_id, sent_at, bucket_secs)
+    return handler(account_id, body, message_id, sent_at, bucket_secs, known_clean)
 
 
 def webhook_chat(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-                 bucket_secs: int) -> list[Item]:
+                 bucket_secs: int, clean: bool) -> list[Item]:
     sender = _obj(b.get("sender"))
     identity = _obj(sender.get("identity"))
     created = _time(b.get("created_at"), "body.created_at") or sent_at
@@ -395,31 +423,32 @@ def webhook_chat(account_id: int, b: Mapping[str, Any], message_id: str, sent_at
                              user_id=_text(_id(sender.get("user_id"))),
                              user_login=_text(sender.get("channel_slug")),
                              display_name=_text(sender.get("username")), text=_text(b.get("content")),
-                             extras=extras)
+                             extras=extras, known_clean=clean)
     return [Item(chat=msg)]
 
 
 def webhook_follow(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-                   bucket_secs: int) -> list[Item]:
+                   bucket_secs: int, clean: bool) -> list[Item]:
     follower = _obj(b.get("follower"))
-    return [_event(account_id, "channel.followed", b, sent_at, message_id, follower.get("user_id"))]
+    return [_event(account_id, "channel.followed", b, sent_at, message_id, follower.get("user_id"),
+                   clean=clean)]
 
 
-def webhook_subscription(type_: str) -> Callable[[int, Mapping[str, Any], str, datetime, int], list[Item]]:
+def webhook_subscription(type_: str) -> _WebhookHandler:
     def handle(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-               bucket_secs: int) -> list[Item]:
+               bucket_secs: int, clean: bool) -> list[Item]:
         subscriber = _need_obj(b, "subscriber", "body")
         at = _time(b.get("created_at"), "body.created_at") or sent_at
         duration = b.get("duration")
         ext = content_id(account_id, "sub", [_low(subscriber.get("username")),
                                              duration if isinstance(duration, int) else None],
                          at, bucket_secs)
-        return [_event(account_id, type_, b, at, ext, subscriber.get("user_id"))]
+        return [_event(account_id, type_, b, at, ext, subscriber.get("user_id"), clean=clean)]
     return handle
 
 
 def webhook_gifts(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-                  bucket_secs: int) -> list[Item]:
+                  bucket_secs: int, clean: bool) -> list[Item]:
     gifter = _obj(b.get("gifter"))
     giftees = b.get("giftees")
     if not isinstance(giftees, list):
@@ -430,11 +459,11 @@ def webhook_gifts(account_id: int, b: Mapping[str, Any], message_id: str, sent_a
                                 payload={"username": g.get("username")}) for g in people)
     at = _time(b.get("created_at"), "body.created_at") or sent_at
     return [_gift(account_id, b, _text(gifter.get("username")), [g.get("username") for g in people],
-                  at, bucket_secs, gifter.get("user_id"), children)]
+                  at, bucket_secs, gifter.get("user_id"), children, clean=clean)]
 
 
 def webhook_redemption(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-                       bucket_secs: int) -> list[Item]:
+                       bucket_secs: int, clean: bool) -> list[Item]:
     redeemer = _obj(b.get("redeemer"))
     reward = _obj(b.get("reward"))
     at = _time(b.get("redeemed_at"), "body.redeemed_at") or sent_at
@@ -445,11 +474,12 @@ def webhook_redemption(account_id: int, b: Mapping[str, Any], message_id: str, s
     else:  # a later decision on it: the redemption id repeats, so the delivery names this row
         own = _id(b.get("id"))
         ext = f"{own}:{status}" if own and status else message_id
-    return [_event(account_id, "channel.reward.redemption.updated", b, at, ext, redeemer.get("user_id"))]
+    return [_event(account_id, "channel.reward.redemption.updated", b, at, ext, redeemer.get("user_id"),
+                   clean=clean)]
 
 
 def webhook_status(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-                   bucket_secs: int) -> list[Item]:
+                   bucket_secs: int, clean: bool) -> list[Item]:
     is_live = b.get("is_live")
     if not isinstance(is_live, bool):
         raise BadFrame("shape", "body.is_live missing or not a boolean")
@@ -457,37 +487,35 @@ def webhook_status(account_id: int, b: Mapping[str, Any], message_id: str, sent_
         started = _time(b.get("started_at"), "body.started_at") or sent_at
         key = stream_key(account_id, started)
         return [_event(account_id, STATUS_TYPE, b, started, key,
-                       stream=StreamChange("online", key, started, PLATFORM))]
+                       stream=StreamChange("online", key, started, PLATFORM), clean=clean)]
     ended = _time(b.get("ended_at"), "body.ended_at") or sent_at
     ext = content_id(account_id, "offline", [], ended, bucket_secs)
     return [_event(account_id, STATUS_TYPE, b, ended, ext,
-                   stream=StreamChange("offline", None, ended, PLATFORM))]
+                   stream=StreamChange("offline", None, ended, PLATFORM), clean=clean)]
 
 
 def webhook_metadata(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-                     bucket_secs: int) -> list[Item]:
-    return [_event(account_id, "livestream.metadata.updated", b, sent_at, message_id)]
+                     bucket_secs: int, clean: bool) -> list[Item]:
+    return [_event(account_id, "livestream.metadata.updated", b, sent_at, message_id, clean=clean)]
 
 
 def webhook_banned(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-                   bucket_secs: int) -> list[Item]:
+                   bucket_secs: int, clean: bool) -> list[Item]:
     banned = _need_obj(b, "banned_user", "body")
     at = _time(_obj(b.get("metadata")).get("created_at"), "body.metadata.created_at") or sent_at
     ext = content_id(account_id, "ban", [_low(banned.get("username")),
                                          _low(_obj(b.get("moderator")).get("username"))], at, bucket_secs)
-    return [_event(account_id, "moderation.banned", b, at, ext, banned.get("user_id"))]
+    return [_event(account_id, "moderation.banned", b, at, ext, banned.get("user_id"), clean=clean)]
 
 
 def webhook_kicks(account_id: int, b: Mapping[str, Any], message_id: str, sent_at: datetime,
-                  bucket_secs: int) -> list[Item]:
+                  bucket_secs: int, clean: bool) -> list[Item]:
     sender = _obj(b.get("sender"))
     at = _time(b.get("created_at"), "body.created_at") or sent_at
     ext = content_id(account_id, "kicks", [_low(sender.get("username")),
                                            _text(_obj(b.get("gift")).get("message"))], at, bucket_secs)
-    return [_event(account_id, "kicks.gifted", b, at, ext, sender.get("user_id"))]
+    return [_event(account_id, "kicks.gifted", b, at, ext, sender.get("user_id"), clean=clean)]
 
-
-_WebhookHandler = Callable[[int, Mapping[str, Any], str, datetime, int], list[Item]]
 
 _WEBHOOK: Mapping[str, _WebhookHandler] = {
     "chat.message.sent": webhook_chat,
@@ -503,4 +531,4 @@ _WEBHOOK: Mapping[str, _WebhookHandler] = {
 }
 
 __all__ = ["BadFrame", "Interpreted", "Item", "PLATFORM", "PusherFrame", "broadcaster_of", "content_id",
-           "decode_json", "interpret", "map_webhook", "parse_frame", "stream_key"]
+           "decode_checked", "decode_json", "interpret", "map_webhook", "parse_frame", "stream_key"]

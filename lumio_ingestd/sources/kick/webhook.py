@@ -40,7 +40,7 @@ from ...model import ChatMessage
 from ...seen import SeenDeliveries
 from ..sink import EventSink
 from ..webhookcheck import WebhookChecks
-from .mapping import BUCKET_SECS, PLATFORM, BadFrame, broadcaster_of, decode_json, map_webhook
+from .mapping import BUCKET_SECS, PLATFORM, BadFrame, broadcaster_of, decode_checked, map_webhook
 from .signature import RsaPublicKey, signed_bytes, verify
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class KickWebhook:
     def _deliver(self, request: Request, message_id: str, event_type: str,
                  sent_at: datetime) -> tuple[Response, str]:
         try:
-            body = decode_json(request.body)
+            body, clean = decode_checked(request.body)
             broadcaster = broadcaster_of(body)
             account_id = self._accounts.get(broadcaster) if broadcaster is not None else None
             if account_id is None:
@@ -107,7 +107,7 @@ class KickWebhook:
                 return Response.json(200, {"ignored": "no account for this broadcaster"}), \
                     "unknown_account"
             items = map_webhook(account_id, event_type, body, message_id, sent_at,
-                                bucket_secs=self._bucket)
+                                bucket_secs=self._bucket, known_clean=clean)
         except BadFrame as exc:
             self._metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
             log.warning("kick webhook: refused delivery %s (%s): %s", message_id[:64], exc.reason, exc)

@@ -44,7 +44,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from ... import boundedjson, fastjson
-from ...model import ChatMessage, PlatformEvent, frame_is_clean, parse_time
+from ...model import (
+    MAX_JSON_DEPTH,
+    ChatMessage,
+    PlatformEvent,
+    frame_is_clean,
+    parse_time,
+    slot_setters,
+)
 from ...sessions import StreamChange
 
 PLATFORM = "twitch"
@@ -163,6 +170,11 @@ def decode_json(data: bytes | str) -> dict[str, Any]:
     return _decode(data)[0]
 
 
+def decode_checked(data: bytes | str) -> tuple[dict[str, Any], bool]:
+    """`decode_json`, and whether every value in it is known clean (`frame_is_clean`)."""
+    return _decode(data, check_clean=True)
+
+
 def _decode(data: bytes | str, check_clean: bool = False) -> tuple[dict[str, Any], bool]:
     """The object, and whether its values are known clean (only if `check_clean`)."""
     if len(data) > MAX_FRAME_BYTES:
@@ -177,13 +189,16 @@ def _decode(data: bytes | str, check_clean: bool = False) -> tuple[dict[str, Any
     if "\x00" in text:
         raise BadFrame("nul", f"raw NUL character at offset {text.index(chr(0))}")
     clean = check_clean and frame_is_clean(text)
+    # A clean frame was scanned for depth by the check (at most MAX_JSON_DEPTH): not again.
+    depth = MAX_JSON_DEPTH if clean else None
     try:
         try:
-            obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES,
+            obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES, depth_at_most=depth,
                                     decode=fastjson.loads_finite if clean else fastjson.loads)
         except fastjson.NotFinite:
             clean = False
-            obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES, decode=fastjson.loads)
+            obj = boundedjson.loads(text, max_bytes=MAX_FRAME_BYTES, depth_at_most=depth,
+                                    decode=fastjson.loads)
     except boundedjson.JsonRefused as exc:
         # "too_deep" is its own label; "too_large" counts characters here (the
         # byte check above came first); anything else is plain "json".
@@ -228,15 +243,43 @@ def parse_envelope(data: bytes | str) -> Envelope:
         raise BadFrame("shape", "frame.payload missing or not an object")
     sub_type = metadata.get("subscription_type")
     sub_version = metadata.get("subscription_version")
-    return Envelope(
-        message_id=_str(metadata, "message_id", "metadata"),
-        message_type=_str(metadata, "message_type", "metadata"),
-        timestamp=sane_time(_str(metadata, "message_timestamp", "metadata"), "metadata.message_timestamp"),
-        subscription_type=sub_type if isinstance(sub_type, str) and sub_type else None,
-        subscription_version=sub_version if isinstance(sub_version, str) else None,
-        payload=payload,
-        clean=clean,
-    )
+    return _new_envelope(
+        _str(metadata, "message_id", "metadata"), _str(metadata, "message_type", "metadata"),
+        sane_time(_str(metadata, "message_timestamp", "metadata"), "metadata.message_timestamp"),
+        sub_type if isinstance(sub_type, str) and sub_type else None,
+        sub_version if isinstance(sub_version, str) else None, payload, clean)
+
+
+# Built on every frame: without the frozen dataclass's `__init__` (see `slot_setters`).
+(_set_message_id, _set_message_type, _set_timestamp, _set_subscription_type,
+ _set_subscription_version, _set_payload, _set_clean) = slot_setters(
+    Envelope, ("message_id", "message_type", "timestamp", "subscription_type",
+               "subscription_version", "payload", "clean"))
+_set_chat, _set_event, _set_gift, _set_stream = slot_setters(
+    Notification, ("chat", "event", "gift", "stream"))
+
+
+def _new_envelope(message_id: str, message_type: str, timestamp: datetime, subscription_type: str | None,
+                  subscription_version: str | None, payload: Mapping[str, Any], clean: bool) -> Envelope:
+    env: Envelope = object.__new__(Envelope)
+    _set_message_id(env, message_id)
+    _set_message_type(env, message_type)
+    _set_timestamp(env, timestamp)
+    _set_subscription_type(env, subscription_type)
+    _set_subscription_version(env, subscription_version)
+    _set_payload(env, payload)
+    _set_clean(env, clean)
+    return env
+
+
+def _chat_note(chat: ChatMessage) -> Notification:
+    """`Notification(chat=chat)`, built the fast way."""
+    note: Notification = object.__new__(Notification)
+    _set_chat(note, chat)
+    _set_event(note, None)
+    _set_gift(note, None)
+    _set_stream(note, None)
+    return note
 
 
 def interpret(account_id: int, data: bytes | str) -> Interpreted:
@@ -299,14 +342,14 @@ def map_notification(account_id: int, sub_type: str, body: Mapping[str, Any], de
 def _one(account_id: int, sub_type: str, event: Mapping[str, Any], delivery_id: str,
          delivery_time: datetime, known_clean: bool = False) -> Notification:
     if sub_type == CHAT_TYPE:
-        return Notification(chat=map_chat(account_id, event, delivery_time, known_clean=known_clean))
+        return _chat_note(map_chat(account_id, event, delivery_time, known_clean=known_clean))
     created_at = _own_time(sub_type, event) or delivery_time
     own_key = _OWN_ID.get(sub_type)
     own_id = event.get(own_key) if own_key else None
     external_id = own_id if isinstance(own_id, (str, int)) and str(own_id) else delivery_id
     ev = PlatformEvent.new(account_id=account_id, platform=PLATFORM, type=sub_type, payload=event,
                            created_at=created_at, external_id=str(external_id),
-                           user_id=_user_of(event))
+                           user_id=_user_of(event), known_clean=known_clean)
     return Notification(event=ev, gift=_gift_of(sub_type, event), stream=_stream_of(sub_type, event, ev))
 
 
@@ -314,7 +357,7 @@ def map_chat(account_id: int, event: Mapping[str, Any], delivery_time: datetime,
              known_clean: bool = False) -> ChatMessage:
     message = event.get("message")
     text = message.get("text") if isinstance(message, dict) else None
-    extras: dict[str, Any] = {k: event[k] for k in _CHAT_EXTRAS if event.get(k) is not None}
+    extras: dict[str, Any] = {k: v for k in _CHAT_EXTRAS if (v := event.get(k)) is not None}
     if isinstance(message, dict) and isinstance(message.get("fragments"), list):
         extras["fragments"] = message["fragments"]
     return ChatMessage.create(

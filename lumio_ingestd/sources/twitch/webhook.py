@@ -53,7 +53,15 @@ from ...seen import SeenDeliveries
 from ..webhookcheck import WebhookChecks
 from .gifts import GiftLinker
 from .helix import SUBSCRIPTIONS
-from .mapping import PLATFORM, BadFrame, channel_of, decode_json, map_notification, subscription_type_of
+from .mapping import (
+    PLATFORM,
+    BadFrame,
+    channel_of,
+    decode_checked,
+    decode_json,
+    map_notification,
+    subscription_type_of,
+)
 from .sink import TwitchSink
 
 log = logging.getLogger(__name__)
@@ -162,7 +170,7 @@ class TwitchWebhook:
 
     def _notification(self, request: Request, message_id: str, sent_at: datetime) -> tuple[Response, str]:
         try:
-            body = decode_json(request.body)
+            body, clean = decode_checked(request.body)
             # The signed body decides; the header is not covered by the signature.
             sub_type = subscription_type_of(body)
             header_type = (request.headers.get(H_SUB_TYPE) or "").strip()
@@ -180,7 +188,8 @@ class TwitchWebhook:
                 log.warning("twitch webhook: delivery %s is for channel %s, which no configured "
                             "account has; acknowledged, not stored", message_id[:64], channel)
                 return Response.json(200, {"ignored": "no account for this channel"}), "unknown_account"
-            notes = map_notification(account_id, sub_type, body, message_id, sent_at)
+            notes = map_notification(account_id, sub_type, body, message_id, sent_at,
+                                     known_clean=clean)
         except BadFrame as exc:
             self._metrics.source_bad_frames.labels(PLATFORM, exc.reason).inc()
             if self.frame_quarantine is not None:
