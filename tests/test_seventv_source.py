@@ -154,8 +154,10 @@ def test_changes_while_the_socket_is_down_stored_once_after_reconnect(rig: Seven
     s.add_emote(SET_A, E3, "Clap")  # live, before the gap
     settle(rig, 1)
     first = s.open_connections()[0]
-    s.close_connection(first, 4007, "maintenance")
+    # Taken before the close: the source may see it (and start its wait) before
+    # close_connection returns.
     closed = time.monotonic()
+    s.close_connection(first, 4007, "maintenance")
     assert s.wait_for(lambda: not s.open_connections(), 2)
     s.add_emote(SET_A, E4, "Wave")  # nobody is subscribed: REST only
     s.rename_emote(SET_A, E2, "KEKWait")
@@ -254,8 +256,8 @@ def test_client_bug_close_codes_are_loud_and_back_off_long(rig: SevenTvRig,
     rig.source(client_bug_wait_secs=1.0)
     ready(rig)
     with caplog.at_level(logging.ERROR):
+        closed = time.monotonic()  # before the close: the source may see it first
         s.close_connection(s.open_connections()[0], 4009, "already subscribed")
-        closed = time.monotonic()
         assert s.wait_for(lambda: len(s.connections) >= 2, 5)
     assert time.monotonic() - closed >= 1.0
     assert any("4009" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
