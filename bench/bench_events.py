@@ -10,10 +10,13 @@ production) and Redis through tests/harness, and measures:
   path), some with gift recipients;
 - time to park with the database stopped (connection refused) and black-holed
   (a fault proxy that answers nothing: the insert bound of 3 s decides);
-- replay throughput of the retry worker (events per second of one pass) on
+- replay throughput of the retry worker (events per second of replay) on
   `--replay` parked events spread over `--accounts` accounts, with a live
   `persist_event` every 5 ms on the same pool beside it: its p50/p99 idle
-  and during the replay.
+  and during the replay. The replay runs in passes of `--window` seconds
+  (the worker's pass budget) with `--idle-window` seconds between them; the
+  live samples between passes are the idle figure, so idle and loaded
+  windows alternate and see the same background load.
 
 Prints a table and writes bench/results/bench_events.json. Not a test: no
 thresholds here.
@@ -69,37 +72,57 @@ def _mixed(n: int, account: int, tag: str) -> list[PlatformEvent]:
                        children=3 if i % 10 == 0 else 0) for i in range(n)]
 
 
-def _live(rig: Any, stop: threading.Event, every: float, tag: str) -> list[float]:
-    """persist_event of a fresh event every `every` seconds until `stop`; each one's latency."""
-    times: list[float] = []
-    n = 0
-    while not stop.wait(every):
-        ev = make_event(account=999_999, n=n, external_id=f"{tag}-{n}" if n % 2 else None)
-        n += 1
-        started = time.perf_counter()
-        outcome = rig.ingest.persist_event(ev).outcome
-        times.append(time.perf_counter() - started)
-        if outcome != "stored":
-            raise SystemExit(f"live persist_event: {outcome!r}")
-    return times
+class _LiveProbe:
+    """A live `persist_event` every `every` seconds on its own thread, each timed.
 
+    Each sample is filed under the phase ("idle" or "during") that was set
+    both when it started and when it ended; one that straddles a change of
+    phase is dropped, so neither side gets the other's samples.
+    """
 
-def _timed_live(rig: Any, every: float, tag: str, work: Callable[[], None]) -> list[float]:
-    stop = threading.Event()
-    out: list[list[float]] = []
-    thread = threading.Thread(target=lambda: out.append(_live(rig, stop, every, tag)),
-                              name="bench-live")
-    thread.start()
-    try:
-        work()
-    finally:
-        stop.set()
-        thread.join()
-    return out[0] if out else []
+    def __init__(self, rig: Any, every: float, tag: str) -> None:
+        self._rig = rig
+        self._every = every
+        self._tag = tag
+        self.phase = "idle"
+        self.samples: dict[str, list[float]] = {"idle": [], "during": []}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-live")
+
+    def __enter__(self) -> _LiveProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.wait(self._every):
+            ev = make_event(account=999_999, n=n,
+                            external_id=f"{self._tag}-{n}" if n % 2 else None)
+            n += 1
+            phase = self.phase
+            started = time.perf_counter()
+            outcome = self._rig.ingest.persist_event(ev).outcome
+            took = time.perf_counter() - started
+            if outcome != "stored":
+                raise SystemExit(f"live persist_event: {outcome!r}")
+            if self.phase == phase:
+                self.samples[phase].append(took)
 
 
 def _replay_with_live(rig: Any, replay: int, accounts: int, *, already: int,
-                      live_every: float = 0.005) -> dict[str, Any]:
+                      live_every: float = 0.005, window: float = 2.0,
+                      idle_window: float = 1.0) -> dict[str, Any]:
+    """Replay the backlog in passes of `window` seconds, `idle_window` seconds apart.
+
+    The live probe runs throughout: its samples between the passes are the
+    idle figure, those during them the loaded one. Interleaving the two
+    windows makes both see the same background load (this machine is shared),
+    where one idle stretch before one long replay would compare two moments.
+    """
     per = max(1, replay // accounts)
     dl = DeadLetters(rig.redis)
     backlog: dict[int, list[bytes]] = {}
@@ -108,40 +131,53 @@ def _replay_with_live(rig: Any, replay: int, accounts: int, *, already: int,
     for account, entries in backlog.items():
         dl.park(account, entries)
     total = per * accounts
-    # Live latency with nothing else running, then during the replay.
-    idle = _timed_live(rig, live_every, "idle", lambda: time.sleep(6.0))
-    worker = rig.worker("bench", lease_ttl_secs=60, batch_size=100, pass_budget_secs=3600)
-    reports: list[Any] = []
-    took: list[float] = []
-
-    def replay_all() -> None:
-        started = time.perf_counter()
-        reports.append(worker.run_pass())
-        took.append(time.perf_counter() - started)
-
-    during = _timed_live(rig, live_every, "during", replay_all)
-    report = reports[0]
-    if report.stored != total + already or report.stopped:
-        raise SystemExit(f"replay incomplete: {report} (wanted {total + already})")
+    # Each pass ends after `window` seconds (the daemon's pass budget; the
+    # next pass continues where it stopped), the gap between two is idle.
+    worker = rig.worker("bench", lease_ttl_secs=60, batch_size=100, pass_budget_secs=window)
+    stored = passes = 0
+    took = 0.0
+    with _LiveProbe(rig, live_every, "live") as probe:
+        while True:
+            probe.phase = "idle"
+            time.sleep(idle_window)
+            probe.phase = "during"
+            started = time.perf_counter()
+            report = worker.run_pass()
+            took += time.perf_counter() - started
+            passes += 1
+            stored += report.stored
+            if report.stopped != "budget":
+                break
+        probe.phase = "idle"
+        time.sleep(idle_window)
+    if stored != total + already or report.stopped:
+        raise SystemExit(f"replay incomplete: {stored} stored, last pass {report} "
+                         f"(wanted {total + already})")
     out: dict[str, Any] = {
-        "replay": {"events": report.stored, "accounts": accounts, "seconds": took[0],
-                   "events_per_sec": report.stored / took[0]},
-        "live_idle": _stats(idle), "live_during_replay": _stats(during),
+        "replay": {"events": stored, "accounts": accounts, "seconds": took, "passes": passes,
+                   "events_per_sec": stored / took},
+        "live_idle": _stats(probe.samples["idle"]),
+        "live_during_replay": _stats(probe.samples["during"]),
     }
     out["live_p99_ratio"] = out["live_during_replay"]["p99_ms"] / out["live_idle"]["p99_ms"]
     # The same backlog again: every entry already stored (dedup path only).
     for account, entries in backlog.items():
         dl.park(account, entries)
+    recovered = 0
     started = time.perf_counter()
-    report = worker.run_pass()
+    while True:
+        report = worker.run_pass()
+        recovered += report.recovered
+        if report.stopped != "budget":
+            break
     seconds = time.perf_counter() - started
-    out["replay_already_stored"] = {"events": report.recovered, "seconds": seconds,
-                                    "events_per_sec": report.recovered / seconds}
+    out["replay_already_stored"] = {"events": recovered, "seconds": seconds,
+                                    "events_per_sec": recovered / seconds}
     return out
 
 
 def run(events: int = 2000, down: int = 200, blackhole: int = 3, replay: int = 100_000,
-        accounts: int = 1000) -> dict[str, Any]:
+        accounts: int = 1000, window: float = 2.0, idle_window: float = 1.0) -> dict[str, Any]:
     """Every measure; `events` inline inserts, `down` and `blackhole` parks, `replay` replayed."""
     quiet = logging.getLogger("lumio_ingestd")
     level = quiet.level
@@ -192,7 +228,8 @@ def run(events: int = 2000, down: int = 200, blackhole: int = 3, replay: int = 1
 
             # 4. replay throughput: a backlog across `accounts` accounts, with a live
             # persist_event every `live_every` seconds beside it (the same pool).
-            results.update(_replay_with_live(rig, replay, accounts, already=blackhole + down))
+            results.update(_replay_with_live(rig, replay, accounts, already=blackhole + down,
+                                             window=window, idle_window=idle_window))
             rig.close()
         finally:
             proxy.close()
@@ -211,9 +248,14 @@ def main() -> None:
     parser.add_argument("--blackhole", type=int, default=3, help="parks to time with it black-holed")
     parser.add_argument("--replay", type=int, default=100_000, help="parked events to replay")
     parser.add_argument("--accounts", type=int, default=1000, help="accounts they are spread over")
+    parser.add_argument("--window", type=float, default=2.0,
+                        help="seconds of each replay pass (the live 'during' windows)")
+    parser.add_argument("--idle-window", type=float, default=1.0,
+                        help="seconds between two passes (the live 'idle' windows)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
-    results = run(args.events, args.down, args.blackhole, args.replay, args.accounts)
+    results = run(args.events, args.down, args.blackhole, args.replay, args.accounts,
+                  args.window, args.idle_window)
 
     print(f"{'measure':<34}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     for key in ("persist_normal", "persist_normal_external_id", "persist_normal_no_external_id",
@@ -222,7 +264,8 @@ def main() -> None:
         print(f"{key:<34}{s['n']:>7}{s['p50_ms']:>10.2f}{s['p99_ms']:>10.2f}{s['max_ms']:>10.2f}")
     for key in ("replay", "replay_already_stored"):
         r = results[key]
-        print(f"{key:<34}{r['events']:>7} events in {r['seconds']:.2f}s = {r['events_per_sec']:.0f}/s")
+        print(f"{key:<34}{r['events']:>7} events in {r['seconds']:.2f}s = {r['events_per_sec']:.0f}/s"
+              + (f" ({r['passes']} passes)" if "passes" in r else ""))
     print(f"{'live p99 during replay / idle':<34}{results['live_p99_ratio']:>7.2f}")
     out = ROOT / "bench" / "results" / "bench_events.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,8 @@ lumio_ingestd.devservers, and the Twitch stand-in in a child process):
     (bench_wire_sockets.py, every pipeline in a child process);
 (b) `persist_event` p50/p99, time to park with the database stopped,
     replay throughput of 100,000 parked events over 1,000 accounts with the
-    p99 of a live `persist_event` beside it, idle and during the replay
-    (bench_events.py in a child process of its own, PostgreSQL with fsync
+    p99 of a live `persist_event` beside it, idle and during the replay, in
+    alternating windows (bench_events.py in a child process of its own, PostgreSQL with fsync
     on), and the chat dead-letter drain (bench_chat_drain.py);
 (c) shutdown drain time under load: SIGTERM to exit of the real daemon with
     the synthetic source running (bench_daemon.py);

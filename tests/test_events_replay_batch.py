@@ -8,6 +8,7 @@ inside a savepoint), so the tests can tell how many transactions stored them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from lumio_ingestd import rediskeys
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.retry import MAX_TX_ENTRIES
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import EventChild, PlatformEvent
 
 ACCOUNT = 8
 
@@ -171,12 +172,69 @@ def test_several_events_in_one_round_trip_tell_new_from_already_stored(rig: Rig)
             # The redelivery in a later query of the same transaction: the probe sees the row.
             assert store.insert_events_in_savepoints(cur, [redelivered], ["d"], "c") == [False]
             with pytest.raises(ValueError):
-                store.insert_events_in_savepoints(cur, [make_event(children=1)], ["e"])
+                store.insert_events_in_savepoints(cur, [make_event()], ["e", "f"])
         conn.commit()
     finally:
         conn.close()
     assert sorted(stored_ids(rig.pg_url)) == sorted(str(e.id) for e in (stored, first, fresh))
     assert json.loads(make_event().to_entry())  # entries are still what they were
+
+
+def test_events_with_children_share_the_round_trip_and_get_children_only_when_new(
+        rig: Rig) -> None:
+    """In a group, an event's children are written exactly when its row is new: not for a
+    replay of a stored event (even one whose entry carries more children than were
+    stored) nor for a duplicate by external id; once for a new row."""
+    stored = make_event(account=ACCOUNT, n=1, children=1)
+    assert rig.ingest.persist_event(stored).outcome == "stored"
+    replayed = dataclasses.replace(stored, children=(*stored.children, EventChild("extra")))
+    first = make_event(account=ACCOUNT, n=2, external_id="c-2", children=2)
+    redelivered = make_event(account=ACCOUNT, n=3, external_id="c-2", children=3)
+    fresh = make_event(account=ACCOUNT, n=4, children=2)
+    plain = make_event(account=ACCOUNT, n=5, external_id="c-5")
+    conn = psycopg2.connect(rig.pg_url)
+    psycopg2.extras.register_uuid(conn_or_curs=conn)  # type: ignore[no-untyped-call]
+    try:
+        with conn.cursor() as cur:
+            store.prepare_replay(cur)
+            assert store.insert_events_in_savepoints(
+                cur, [replayed, first, fresh, plain], ["a", "b", "c", "d"]) == [
+                    False, True, True, True]
+            assert store.insert_events_in_savepoints(cur, [redelivered], ["e"], "d") == [False]
+        conn.commit()
+    finally:
+        conn.close()
+    assert sorted(stored_ids(rig.pg_url)) == sorted(
+        str(e.id) for e in (stored, first, fresh, plain))
+    children = db_rows(rig.pg_url, "SELECT event_id::text, ordinal, user_id, payload "
+                                   "FROM event_children ORDER BY event_id, ordinal")
+    assert children == sorted(
+        (str(e.id), i, c.user_id, dict(c.payload))
+        for e in (stored, first, fresh) for i, c in enumerate(e.children))
+
+
+def test_a_backlog_with_children_is_stored_in_groups(rig: Rig,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events with children no longer take a round trip of their own (two, with the
+    children's insert): the replay stores them in its groups, each stored once."""
+    alone: list[PlatformEvent] = []
+    one_by_one = store.insert_event_in_savepoint
+
+    def counted(cur: store.Cursor, ev: PlatformEvent, savepoint: str,
+                release: str | None = None) -> bool:
+        alone.append(ev)
+        return one_by_one(cur, ev, savepoint, release)
+
+    monkeypatch.setattr(store, "insert_event_in_savepoint", counted)
+    events = [make_event(account=ACCOUNT, n=i, external_id=f"g{i}" if i % 2 else None,
+                         children=3 if i % 4 == 0 else 0) for i in range(200)]
+    DeadLetters(rig.redis).park(ACCOUNT, [e.to_entry() for e in events])
+    report = rig.worker().run_pass()
+    assert (report.stored, report.recovered, report.quarantined, report.stopped) == (
+        200, 0, 0, None)
+    _assert_stored_once(rig, events)
+    # Only the ramp's first lone entries (and a group's lone tail) go one by one.
+    assert not [e for e in alone if e.children][3:], len(alone)
 
 
 def test_settling_trims_the_head_of_the_in_flight_list_or_removes_each_entry(rig: Rig) -> None:

@@ -115,9 +115,13 @@ _SAVEPOINT = "lumio_replay"
 MAX_TX_ENTRIES = 50
 
 # The most entries whose statements go in one round trip (one multi-statement
-# query, a savepoint each): long enough to make the round trip small beside
-# the work, short enough that the rare failing group costs little to redo.
-_GROUP = 8
+# query, a savepoint each): a whole transaction's worth. Each round trip costs
+# the client a few syscalls and interpreter-lock hand-offs; with groups of 8 a
+# replayed event cost ~90-105 us of this process's CPU, with 50 ~65-80 us
+# (bench/bench_events.py, back to back), and the live paths' wait for the lock
+# did not grow (the group's decoding and formatting is ~1 ms). A failing group
+# is redone one entry per round trip, once.
+_GROUP = MAX_TX_ENTRIES
 
 # A decoded parked entry: its raw bytes, its event, and its record writer (None: an event).
 _Ready = tuple[bytes, PlatformEvent, RecordWriter | None]
@@ -347,8 +351,8 @@ class EventRetryWorker(IntervalWorker):
               report: PassReport) -> None:
         """Decode entries from `pending` until `ready` holds `want` (or none are left).
 
-        A little at a time, just before they are stored: a long burst of
-        decoding would hold the interpreter lock away from the live paths.
+        Only what the next round trip stores, just before it: a long burst
+        of decoding would hold the interpreter lock away from the live paths.
         """
         while pending and len(ready) < want:
             item = self._decode(account, pending.popleft(), report)
@@ -486,15 +490,15 @@ class EventRetryWorker(IntervalWorker):
     def _group(ready: deque[_Ready], room: int) -> list[_Ready]:
         """The entries at the head of `ready` that can go in one round trip.
 
-        Plain events without children, at most `_GROUP` and `room`, none with
-        the (platform, external id) of an earlier one in the group: the probe
-        of the second would not see the first's row, written by the same query.
+        Events (not records), at most `_GROUP` and `room`, none with the
+        (platform, external id) of an earlier one in the group: the probe of
+        the second would not see the first's row, written by the same query.
         """
         group: list[_Ready] = []
         seen: set[tuple[str, str]] = set()
         for item in ready:
             _, ev, writer = item
-            if len(group) >= min(room, _GROUP) or writer is not None or ev.children:
+            if len(group) >= min(room, _GROUP) or writer is not None:
                 break
             if ev.external_id is not None:
                 key = (ev.platform, ev.external_id)

@@ -103,6 +103,30 @@ VALUES %s
 ON CONFLICT (event_id, ordinal) DO NOTHING
 """
 
+# An event with children in a multi-statement replay query: the row's INSERT
+# (lumio_replay_insert, or with an external id lumio_replay_insert_unless_seen's
+# probe) as a CTE whose RETURNING (empty when the row is not new: a conflict, or
+# the probe found the external id) feeds the children's INSERT.
+_INSERT_WITH_CHILDREN_HEAD = """
+WITH new_row AS (
+INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
+SELECT %s::uuid, %s::timestamptz, %s::bigint, %s::text, %s::text, %s::text, %s::text, %s::jsonb"""
+_UNLESS_SEEN = """
+WHERE NOT EXISTS (
+    SELECT 1 FROM events
+    WHERE account_id = %s AND external_id = %s AND platform = %s
+      AND created_at BETWEEN %s AND %s
+)"""
+_INSERT_WITH_CHILDREN_TAIL = b"""
+ON CONFLICT (id, created_at) DO NOTHING
+RETURNING id, created_at)
+INSERT INTO event_children
+    (event_id, event_created_at, ordinal, kind, user_id, user_login, payload)
+SELECT new_row.id, new_row.created_at, c.ordinal, c.kind, c.user_id, c.user_login, c.payload
+FROM new_row, (VALUES %CHILDREN%) AS c (ordinal, kind, user_id, user_login, payload)
+ON CONFLICT (event_id, ordinal) DO NOTHING"""
+_CHILD_VALUES = "(%s::integer, %s::text, %s::text, %s::text, %s::jsonb)"
+
 # SQLSTATE of a unique violation. On this path every insert is idempotent, so
 # one that surfaces anyway (TimescaleDB under concurrency, timescaledb#5448)
 # means the row is already there: callers report "already stored", never
@@ -189,20 +213,24 @@ def insert_event_in_savepoint(cur: Cursor, ev: PlatformEvent, savepoint: str,
 
 def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
                                 savepoints: Sequence[str], release: str | None = None) -> list[bool]:
-    """`insert_event_in_savepoint` for several events without children, in two round trips.
+    """`insert_event_in_savepoint` for several events, in two round trips.
 
     The same statements as one event each, in order, with its own SAVEPOINT
     (`savepoints[i]` for `events[i]`, each released by the next), sent as one
     multi-statement query; READ COMMITTED gives each statement its own
-    snapshot, so each probe sees the rows of the events before it. Which rows
-    are new is read around it: a row with the event's id present before is a
-    replay of a stored event; present after and not before, new; absent after,
-    a duplicate by external id. When any statement fails the rest of the query
-    does not run: the caller rolls back to `savepoints[0]` (which fails in turn
-    if that savepoint was never taken) and stores the events one at a time.
+    snapshot, so each probe sees the rows of the events before it. An event
+    with children is one statement (`_INSERT_WITH_CHILDREN`): the row's insert,
+    the same probe and conflict rule, feeds the children's through RETURNING,
+    so they are written exactly when the row is new, as `insert_event` does.
+    Which rows are new is read around the query: a row with the event's id
+    present before is a replay of a stored event; present after and not
+    before, new; absent after, a duplicate by external id. When any statement
+    fails the rest of the query does not run: the caller rolls back to
+    `savepoints[0]` (which fails in turn if that savepoint was never taken)
+    and stores the events one at a time.
     """
-    if len(events) != len(savepoints) or any(ev.children for ev in events):
-        raise ValueError("insert_events_in_savepoints: one savepoint per event, no children")
+    if len(events) != len(savepoints):
+        raise ValueError("insert_events_in_savepoints: one savepoint per event")
     ids = [ev.id for ev in events]
     # Bounded in time so the probe stays on the chunks around the events.
     window = (min(ev.created_at for ev in events), max(ev.created_at for ev in events), ids)
@@ -217,6 +245,9 @@ def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
                       ev.external_id, ev.user_id, json.dumps(ev.payload))
         if ev.external_id is not None:
             parts.append(cur.mogrify(_LOCK, (ev.account_id, ev.platform, ev.external_id)))
+        if ev.children:
+            parts.append(_insert_with_children(cur, ev, row_params))
+        elif ev.external_id is not None:
             parts.append(cur.mogrify(_EXEC_INSERT_UNLESS_SEEN, (
                 *row_params, ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW)))
         else:
@@ -226,6 +257,23 @@ def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
     cur.execute(b"; ".join(parts))
     after = {str(row[0]) for row in cur.fetchall()}
     return [str(ev.id) in after and str(ev.id) not in before for ev in events]
+
+
+def _insert_with_children(cur: Cursor, ev: PlatformEvent, row_params: tuple[object, ...]) -> bytes:
+    """The one statement that inserts `ev` (after its lock, if it has an external id) and its
+    children when its row is new."""
+    children = b", ".join(
+        cur.mogrify(_CHILD_VALUES, (ordinal, child.kind, child.user_id, child.user_login,
+                                    json.dumps(child.payload)))
+        for ordinal, child in enumerate(ev.children))
+    if ev.external_id is not None:
+        probe = cur.mogrify(_UNLESS_SEEN, (ev.account_id, ev.external_id, ev.platform,
+                                           ev.created_at - DEDUP_WINDOW,
+                                           ev.created_at + DEDUP_WINDOW))
+    else:
+        probe = b""
+    return (cur.mogrify(_INSERT_WITH_CHILDREN_HEAD, row_params) + probe
+            + _INSERT_WITH_CHILDREN_TAIL.replace(b"%CHILDREN%", children))
 
 
 def already_stored(exc: BaseException) -> bool:
