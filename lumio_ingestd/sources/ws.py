@@ -32,7 +32,6 @@ refused frame instead of a broken connection. Nothing durable here.
 from __future__ import annotations
 
 import functools
-import os
 import select
 import socket
 import ssl
@@ -258,10 +257,11 @@ class WsConnection:
         self._aborted = False
         self._woken = False
         self._close_sent = False
-        # The self-pipe `wake()` writes to and the reader's poll watches; both ends are
-        # closed under the lock, so a wake from another thread never writes to a reused fd.
-        self._wake_r: int | None = None
-        self._wake_w: int | None = None
+        # The self-pipe `wake()` writes to and the reader's poll watches: a socket pair, so a
+        # connection dropped without `close()` (after an abort) still frees it when collected;
+        # `close()` closes it under the lock, so a wake from another thread never meets a reused fd.
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
         self.last_frame = time.monotonic()  # when the last data frame arrived
         # When any frame arrived, pings included: for protocols whose only sign of
         # life on a quiet connection is the server's ping (Astro).
@@ -278,13 +278,13 @@ class WsConnection:
                 raise WsClosed(None, "aborted while connecting")
             self._ws = ws
             self._sock = ws.sock
-            self._wake_r, self._wake_w = os.pipe()
-            os.set_blocking(self._wake_w, False)
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_w.setblocking(False)
             if self._woken:  # wake() raced with the connect
-                os.write(self._wake_w, b"w")
+                self._wake_w.send(b"w")
             # The handshake reads its response line by line, so nothing of the
             # first frames is left in websocket-client's buffers.
-            self._reader = _FrameReader(ws.sock, self._wake_r) if ws.sock is not None else None
+            self._reader = _FrameReader(ws.sock, self._wake_r.fileno()) if ws.sock is not None else None
         self.last_frame = self.last_seen = time.monotonic()
 
     def recv(self, timeout: float) -> bytes | None:
@@ -349,9 +349,9 @@ class WsConnection:
             self._woken = True
             if self._wake_w is not None:
                 try:
-                    os.write(self._wake_w, b"w")
-                except BlockingIOError:
-                    pass  # the pipe is full: it is readable already
+                    self._wake_w.send(b"w")
+                except OSError:
+                    pass  # full: it is readable already
 
     @property
     def woken(self) -> bool:
@@ -397,9 +397,9 @@ class WsConnection:
             ws, self._ws = self._ws, None
             self._aborted = True
             wake_fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), None, None
-        for fd in wake_fds:
-            if fd is not None:
-                os.close(fd)
+        for end in wake_fds:
+            if end is not None:
+                end.close()
         if ws is None:
             return
         if not self._close_sent:
