@@ -9,9 +9,15 @@ subclass calls `mark_healthy()` once its session is really up (Twitch: welcomed
 and subscribed), and the next loss then waits the minimum again, since no
 platform redelivers what arrives while the source waits. A subclass that never
 calls it gets the reset after `stable_after_secs` of connection instead.
-`wake()` closes the socket from another thread so a blocked read returns.
-Before the thread reports stopped, `release()` pushes whatever the source
-still holds in memory to durable storage.
+A graceful stop (an account handed over, SIGTERM, a reload) does not destroy
+the socket: `wake()` calls `interrupt()`, which only makes a waiting read
+return (sources/ws.py: a self-pipe the reader's poll watches). The loop sees
+the stop and ends; on the way out `final()` calls `drain()` (read and hand
+over what the socket already received, bounded by a time and frame budget,
+see `WsConnection.drain`), then `close()`, then `release()`, which pushes
+whatever the source still holds in memory to durable storage. `close()` is
+the hard path, safe from any thread: dead connections, and a source without
+a drain of its own (its `interrupt()` is `close()`).
 
 Every source keeps a `SourceState`: its connection state (connecting,
 connected, backoff, stopped), when it last connected, its last error and how
@@ -20,9 +26,13 @@ it; the daemon's status snapshot (`localstate.py`) reads it from the main
 thread, so it is guarded by a lock. The `source_state{platform,state}` gauge
 counts the sources in each state.
 
-Durable when a source has stopped: everything it accepted from its socket
-was handed to a durable tier (Redis, the database, or the spool) by
-`release()`; what the platform sends after the socket closed is not ours.
+Durable when a source has stopped gracefully: everything it accepted from
+its socket, which for a source with a `drain()` is everything the platform
+sent before it saw our close frame (in our buffer, in the kernel's receive
+queue or on the wire; within the drain's budget), was handed to a durable
+tier (Redis, the database, or the spool) by `release()`; what the platform
+sends after that is not ours. After a hard close (`close()` from another
+thread, a lost connection) what was unread in the socket is lost.
 """
 
 from __future__ import annotations
@@ -147,6 +157,8 @@ class Source(Worker):
     #: A connection that lasted this long resets the backoff (for subclasses
     #: that do not call `mark_healthy()`).
     stable_after_secs: float = 30.0
+    #: A graceful stop's `drain()` reads for at most this long (inside the sources' stop bound).
+    drain_secs: float = 1.0
 
     def __init__(self, name: str, metrics: Metrics) -> None:
         super().__init__(name, metrics, role=f"source-{self.platform}")
@@ -175,6 +187,15 @@ class Source(Worker):
 
     def release(self) -> None:
         """Hand what is held in memory to durable storage (called before stopping)."""
+
+    def interrupt(self) -> None:
+        """From any thread, for a graceful stop: make a waiting read return soon, leaving the
+        socket whole for `drain()`. The default is the hard `close()`."""
+        self.close()
+
+    def drain(self) -> None:
+        """On the source's thread after a graceful stop, before `close()` and `release()`:
+        read and hand over what the socket already received (bounded; never blocks long)."""
 
     def quarantine_frame(self, reason: str, raw: bytes | str, detail: str = "") -> None:
         """Keep a refused frame's bytes (the caller counted it in source_bad_frames)."""
@@ -243,10 +264,14 @@ class Source(Worker):
         return self._rng.uniform(self.reconnect_min_secs, max(self.reconnect_min_secs, ceiling))
 
     def wake(self) -> None:
-        self.close()
+        self.interrupt()
 
     def final(self) -> None:
         self.connected = False
         self.source_state.stopped()
+        try:
+            self.drain()
+        except Exception:  # noqa: BLE001 - what was drained so far is still released below
+            log.exception("%s: draining the socket failed", self.name)
         self.close()
         self.release()

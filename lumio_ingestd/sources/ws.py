@@ -14,10 +14,19 @@ keepalive timer, so `recv` reports only data frames). `send_text` is for
 protocols that talk back (Pusher, Astro, 7TV); EventSub closes the socket
 with 4001 on any inbound data, so the Twitch source never calls it.
 
-`abort()` may be called from any thread: it shuts the TCP socket down, which
-wakes a `recv` blocked in another thread. Text is handed back as bytes and
-decoded by the caller, so that invalid UTF-8 is one refused frame instead of
-a broken connection. Nothing durable here.
+Two ways to stop a reader from another thread. `wake()` (a graceful stop)
+leaves the socket whole: it writes to a pipe the reader's `poll` also
+watches, so a waiting `recv` returns None at once and every later one
+returns None as soon as nothing is left to read without waiting. The owner's
+thread then calls `drain()`: it sends our close frame and reads on until the
+peer's close frame answers it (bounded by a time and a frame budget), so
+everything the peer sent before it saw our close, whether in our buffer, in
+the kernel's receive queue or still on the wire, is handed to the caller
+before `close()` drops the socket. `abort()` (the hard path: a dead
+connection, a stop that overran its bound) shuts the TCP socket down, which
+wakes a `recv` blocked in another thread; what was unread is lost. Text is
+handed back as bytes and decoded by the caller, so that invalid UTF-8 is one
+refused frame instead of a broken connection. Nothing durable here.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import websocket
 
@@ -48,6 +57,10 @@ _READ_QUANTUM = 0.5
 # What a non-blocking read says when there is nothing to read yet (TLS: no
 # whole record yet; WantWrite: the TLS layer must write first, rare).
 _NOTHING_YET = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+#: A graceful stop's drain: how long it reads after our close frame, and how many
+#: data messages it hands over at most (a flood must not hold up the stop).
+DRAIN_SECS = 1.0
+DRAIN_MAX_FRAMES = 10_000
 
 
 class _FrameReader:
@@ -59,8 +72,11 @@ class _FrameReader:
     (WsClosed with 1002 or 1009).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, wake_fd: int | None = None) -> None:
         self._sock = sock
+        #: Readable once a graceful stop was asked for (`WsConnection.wake`); None: not watched.
+        self.wake_fd = wake_fd
+        self.woken = False
         self._buf = bytearray()
         self._pos = 0
         self._timeout: float | None = None  # what this reader last set; None: unknown
@@ -78,14 +94,15 @@ class _FrameReader:
         """The next control frame or whole data message, or None at `deadline`.
 
         What is already buffered is returned without a read; otherwise at least
-        one read is tried, even past the deadline.
+        one read is tried, even past the deadline. Once woken (a graceful stop),
+        it returns None as soon as a read finds nothing, whatever the deadline.
         """
         first = True
         while True:
             frame = self._frame()
             if frame is None:
                 left = deadline - time.monotonic()
-                if left <= 0 and not first:
+                if (left <= 0 or self.woken) and not first:
                     return None
                 first = False
                 self._fill(left)
@@ -191,8 +208,23 @@ class _FrameReader:
         """Whether the socket became ready (or broke: the next read says how) within `seconds`."""
         if self._poll is None:
             self._poll = select.poll()
+            if self.wake_fd is not None:
+                self._poll.register(self.wake_fd, select.POLLIN)
         self._poll.register(self._sock, events)  # (again: sets the events)
-        return bool(self._poll.poll(seconds * 1000.0))
+        ready = self._poll.poll(seconds * 1000.0)
+        if self.wake_fd is not None and any(fd == self.wake_fd for fd, _ in ready):
+            # The pipe stays readable: every later wait returns at once too.
+            self.woken = True
+            return any(fd != self.wake_fd for fd, _ in ready)
+        return bool(ready)
+
+    def unwatch_wake(self) -> None:
+        """Wait for the socket only from now on (the drain after a graceful stop waits for the
+        peer's close frame)."""
+        if self._poll is not None and self.wake_fd is not None:
+            self._poll.unregister(self.wake_fd)
+        self.wake_fd = None
+        self.woken = False
 
 
 def _unmask(payload: bytes, mask: bytes) -> bytes:
@@ -223,6 +255,13 @@ class WsConnection:
         self._reader: _FrameReader | None = None
         self._lock = threading.Lock()
         self._aborted = False
+        self._woken = False
+        self._close_sent = False
+        # The self-pipe `wake()` writes to and the reader's poll watches: a socket pair, so a
+        # connection dropped without `close()` (after an abort) still frees it when collected;
+        # `close()` closes it under the lock, so a wake from another thread never meets a reused fd.
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
         self.last_frame = time.monotonic()  # when the last data frame arrived
         # When any frame arrived, pings included: for protocols whose only sign of
         # life on a quiet connection is the server's ping (Astro).
@@ -239,9 +278,13 @@ class WsConnection:
                 raise WsClosed(None, "aborted while connecting")
             self._ws = ws
             self._sock = ws.sock
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_w.setblocking(False)
+            if self._woken:  # wake() raced with the connect
+                self._wake_w.send(b"w")
             # The handshake reads its response line by line, so nothing of the
             # first frames is left in websocket-client's buffers.
-            self._reader = _FrameReader(ws.sock) if ws.sock is not None else None
+            self._reader = _FrameReader(ws.sock, self._wake_r.fileno()) if ws.sock is not None else None
         self.last_frame = self.last_seen = time.monotonic()
 
     def recv(self, timeout: float) -> bytes | None:
@@ -281,6 +324,8 @@ class WsConnection:
         ws = self._ws
         if ws is None:
             raise WsClosed(None, "not connected")
+        if self._close_sent:
+            raise WsClosed(None, "closing: our close frame went out")
         self._send("send", functools.partial(ws.send, text))
 
     def _send(self, what: str, send: Callable[[], object]) -> None:
@@ -297,18 +342,72 @@ class WsConnection:
             if self._reader is not None:
                 self._reader.timeout_changed()
 
+    def wake(self) -> None:
+        """From any thread, for a graceful stop: make the reader's `recv` return None as soon
+        as nothing is left to read without waiting. The socket stays whole for `drain()`."""
+        with self._lock:
+            self._woken = True
+            if self._wake_w is not None:
+                try:
+                    self._wake_w.send(b"w")
+                except OSError:
+                    pass  # full: it is readable already
+
+    @property
+    def woken(self) -> bool:
+        return self._woken
+
+    def drain(self, max_secs: float = DRAIN_SECS, max_frames: int = DRAIN_MAX_FRAMES) -> Iterator[bytes]:
+        """On the owner's thread, after a graceful stop: the data messages the peer sent before
+        it saw our close frame.
+
+        Sends our close frame first, then reads until the peer's close frame
+        answers it (TCP keeps the order: whatever the peer sent before it
+        comes first), the connection ends, `max_secs` passed or `max_frames`
+        messages were handed over. Never raises; `close()` is still the
+        caller's to call. Nothing after an `abort()`: that is the hard path.
+        """
+        ws, reader = self._ws, self._reader
+        if ws is None or reader is None or self._aborted:
+            return
+        deadline = time.monotonic() + max(0.0, max_secs)
+        reader.unwatch_wake()
+        try:
+            self._send("close", functools.partial(ws.send_close, websocket.STATUS_NORMAL))
+            self._close_sent = True
+        except WsClosed:
+            deadline = 0.0  # cannot send: still hand over what is already here
+        for _ in range(max_frames):
+            try:
+                frame = reader.message(deadline)
+            except WsClosed:
+                return
+            if frame is None or frame[0] == _OP_CLOSE:
+                return
+            opcode, data = frame
+            if opcode in (_OP_PING, _OP_PONG):
+                continue  # the connection is closing: no pong owed
+            self.last_frame = self.last_seen = time.monotonic()
+            yield Binary(data) if opcode == _OP_BINARY else data
+
     def close(self) -> None:
-        """Close politely (a close frame, no wait for the answer), then drop the socket."""
+        """Close politely (a close frame unless `drain()` sent it, no wait for the answer), then
+        drop the socket."""
         with self._lock:
             ws, self._ws = self._ws, None
             self._aborted = True
+            wake_fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), None, None
+        for end in wake_fds:
+            if end is not None:
+                end.close()
         if ws is None:
             return
-        try:
-            ws.settimeout(0.5)
-            ws.send_close(websocket.STATUS_NORMAL)
-        except (OSError, websocket.WebSocketException):
-            pass  # already gone: nothing to be polite to
+        if not self._close_sent:
+            try:
+                ws.settimeout(0.5)
+                ws.send_close(websocket.STATUS_NORMAL)
+            except (OSError, websocket.WebSocketException):
+                pass  # already gone: nothing to be polite to
         self._shutdown(ws.sock)
         ws.shutdown()  # type: ignore[no-untyped-call]
 

@@ -159,6 +159,8 @@ class KickSource(Source):
                 self._closed_with(exc.code, exc.reason)
                 raise PusherClosed(exc.code, str(exc)) from None
             if raw is None:
+                if ws.woken:
+                    raise SourceClosed("stopping")
                 continue
             try:
                 data = boundedjson.loads(raw)
@@ -223,6 +225,25 @@ class KickSource(Source):
         ws, self._ws = self._ws, None
         if ws is not None:
             ws.abort()
+
+    def interrupt(self) -> None:
+        ws = self._ws
+        if ws is not None:
+            ws.wake()
+
+    def drain(self) -> None:
+        ws = self._ws
+        if ws is None:
+            return
+        n = 0
+        for raw in ws.drain(self.drain_secs):
+            n += 1
+            try:
+                self._handle(ws, raw)
+            except (SourceClosed, WsClosed) as exc:  # a pong cannot go out now: nothing lost
+                log.debug("%s: while draining: %s", self.name, exc)
+        if n:
+            log.info("%s: %d message(s) read after the stop, before the socket closed", self.name, n)
 
     def idle(self) -> None:
         self._housekeeping()

@@ -188,6 +188,8 @@ class SevenTvSocket(Source):
                 raise SourceClosed("no Hello within the connect timeout")
             data = ws.recv(left)
             if data is None:
+                if ws.woken:
+                    raise SourceClosed("stopping")
                 continue
             frame = self._decode(data)
             if isinstance(frame, Hello):
@@ -298,8 +300,30 @@ class SevenTvSocket(Source):
         forced, self._forced_backoff = self._forced_backoff, None
         return forced if forced is not None else super().next_backoff()
 
-    def wake(self) -> None:
-        self.close()
+    def interrupt(self) -> None:
+        with self._ws_lock:
+            ws = self._ws
+        if ws is not None:
+            ws.wake()
+        self.api.cancel.cancel()  # a heal's request in flight must not hold up the stop
+
+    def drain(self) -> None:
+        with self._ws_lock:
+            ws = self._ws
+        if ws is None:
+            return
+        n = 0
+        for data in ws.drain(self.drain_secs):
+            n += 1
+            frame = self._decode(data)
+            if frame is None:
+                continue
+            try:
+                self._handle(frame, data)
+            except (SourceClosed, WsClosed) as exc:  # an answer cannot go out now: nothing lost
+                log.debug("%s: while draining: %s", self.name, exc)
+        if n:
+            log.info("%s: %d message(s) read after the stop, before the socket closed", self.name, n)
 
     # -- the group ---------------------------------------------------------------------------
 

@@ -221,6 +221,8 @@ class StreamElementsSource(Source):
             for _ in range(MAX_FRAMES_PER_TURN):
                 left = min(end, conn.last_seen + self._silence) - time.monotonic()
                 data = conn.recv(max(left, 0.001))
+                if data is None and conn.woken:
+                    return  # a graceful stop: nothing more to read without waiting
                 if data is not None:
                     self._dispatch(data, conn)
                     if self._conn is not conn:
@@ -252,6 +254,25 @@ class StreamElementsSource(Source):
             conn, self._conn = self._conn, None
             if conn is not None:
                 conn.close()
+
+    def interrupt(self) -> None:
+        for conn in (self._conn, self._opening):
+            if conn is not None:
+                conn.wake()
+
+    def drain(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        n = 0
+        for data in conn.drain(self.drain_secs):
+            n += 1
+            try:
+                self._dispatch(data, conn)
+            except (SourceClosed, WsClosed) as exc:  # an answer cannot go out now: nothing lost
+                log.debug("%s: while draining: %s", self.name, exc)
+        if n:
+            log.info("%s: %d message(s) read after the stop, before the socket closed", self.name, n)
 
     def release(self) -> None:
         for conn in (self._conn, self._opening):
@@ -285,6 +306,8 @@ class StreamElementsSource(Source):
                     self._count_close(exc.code)
                     raise AstroClosed(exc.code, exc.reason) from None
                 if data is None:
+                    if conn.woken:
+                        raise SourceClosed("stopping")
                     continue
                 try:
                     frame = parse_frame(data)
@@ -501,8 +524,8 @@ class StreamElementsSource(Source):
     # -- graceful reconnect -----------------------------------------------------------------------
 
     def _reconnect(self, frame: Frame, conn: WsConnection) -> None:
-        if conn is not self._conn:
-            return  # only the live socket's own request counts
+        if conn is not self._conn or conn.woken:
+            return  # only the live socket's own request counts, and none after a stop
         token = frame.data.get("reconnect_token")
         old = conn
         if isinstance(token, str) and token:
@@ -544,6 +567,11 @@ class StreamElementsSource(Source):
 
     def _drain_and_close(self, old: WsConnection) -> None:
         """Read what the old socket still holds (sent before the switch), then close it."""
+        if old.woken:  # a graceful stop came meanwhile: read up to the answer to our close
+            for message in old.drain(self._drain_max):
+                self._dispatch(message, old)
+            old.close()
+            return
         started = quiet_since = time.monotonic()
         while True:
             now = time.monotonic()

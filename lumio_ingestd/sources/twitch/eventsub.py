@@ -119,6 +119,7 @@ class EventSubClient:
         self.keepalive_secs = keepalive_secs
         self.welcomed_at = 0.0  # monotonic time of the current session's welcome
         self.handoffs = 0
+        self._draining = False
 
     # -- connecting ------------------------------------------------------------
 
@@ -141,6 +142,8 @@ class EventSubClient:
                     raise EventSubClosed(exc.code, exc.reason) from None
                 if data is not None:
                     self._dispatch(data, conn)
+                elif conn.woken:
+                    raise SourceClosed("stopping")
         except Exception:  # clean up, then let it propagate
             self._opening = None
             conn.close()
@@ -161,6 +164,37 @@ class EventSubClient:
         for conn in (self._current, self._pending, self._opening):
             if conn is not None:
                 conn.abort()
+
+    def wake(self) -> None:
+        """From any thread, for a graceful stop: the reader returns once nothing is left to read
+        without waiting; the sockets stay whole for `drain()`."""
+        for conn in (self._current, self._pending, self._opening):
+            if conn is not None:
+                conn.wake()
+
+    def drain(self, max_secs: float) -> int:
+        """The owner's thread, after a graceful stop: dispatch what the sockets still hold (all
+        Twitch sent before it saw our close frame, within `max_secs`); how many messages.
+        No hand-off begins or completes meanwhile; `reset()` closes the sockets after."""
+        self._draining = True
+        deadline = time.monotonic() + max_secs
+        n = 0
+        try:
+            for conn in (self._current, self._pending):
+                if conn is None:
+                    continue
+                for data in conn.drain(max(0.0, deadline - time.monotonic())):
+                    n += 1
+                    try:
+                        self._dispatch(data, conn)
+                    except SourceClosed as exc:  # every subscription revoked: nothing to do now
+                        log.info("%s: while draining: %s", self.name, exc)
+        finally:
+            self._draining = False
+            if self._chat_frames:
+                self._frames["chat"].inc(self._chat_frames)
+                self._chat_frames = 0
+        return n
 
     @property
     def in_handoff(self) -> bool:
@@ -198,6 +232,8 @@ class EventSubClient:
                 data = conn.recv(max(wait, 0.001))
             except WsClosed as exc:
                 raise EventSubClosed(exc.code, exc.reason) from None
+            if data is None and conn.woken:
+                return  # a graceful stop: nothing more to read without waiting
             if data is not None:
                 self._dispatch(data, conn)
                 if self._pending is not None or self._current is not conn:
@@ -219,6 +255,8 @@ class EventSubClient:
     def _read_handoff(self, end: float) -> None:
         while self._pending is not None and time.monotonic() < end:
             old, new = self._current, self._pending
+            if new.woken:
+                return  # a graceful stop: drain() reads both sockets
             if old is not None:
                 try:
                     data = old.recv(0.02)
@@ -298,6 +336,8 @@ class EventSubClient:
             self.recent.add(env.message_id)
             return
         session = _session(env)
+        if self._draining:
+            return  # a stop: no hand-off begins or completes now
         if kind == "session_welcome":
             self._welcome(env, session, conn)
         elif kind == "session_reconnect":
@@ -347,6 +387,11 @@ class EventSubClient:
 
     def _drain_and_close(self, old: WsConnection) -> None:
         """Read what the old socket still holds (sent before the new welcome), then close it."""
+        if old.woken:  # a graceful stop came meanwhile: read up to Twitch's answer to our close
+            for message in old.drain(self._drain_max):
+                self._dispatch(message, old)
+            old.close()
+            return
         started = time.monotonic()
         quiet_since = started
         while True:

@@ -30,8 +30,14 @@ A notification whose subscription names another channel, or of a type this
 source never subscribes to, is refused (`source_bad_frames` "foreign_channel"
 / "unsubscribed", one warning a minute), never stored under the account.
 
+A graceful stop leaves the sockets whole: the read turn ends once nothing
+is left to read without waiting, then `drain()` dispatches what Twitch sent
+before it saw our close frame (within the base's `drain_secs`), and only then are the
+sockets closed and the queue released.
+
 Durable when the source has stopped: `release()` persisted the gifts still
-held and handed the chat queue to Redis (or the database, or the spool).
+held and handed the chat queue to Redis (or the database, or the spool),
+including what the drain read.
 """
 
 from __future__ import annotations
@@ -151,6 +157,15 @@ class TwitchSource(Source):
         self.client.abort()
         if self.stopping:
             self._helix.cancel.cancel()  # a subscribe call in flight must not hold up the stop
+
+    def interrupt(self) -> None:
+        self.client.wake()
+        self._helix.cancel.cancel()  # a subscribe call in flight must not hold up the stop
+
+    def drain(self) -> None:
+        n = self.client.drain(self.drain_secs)
+        if n:
+            log.info("%s: %d message(s) read after the stop, before the socket closed", self.name, n)
 
     def idle(self) -> None:
         now = time.monotonic()
