@@ -6,8 +6,9 @@ must all take the same advisory lock, or the dedup below stops holding.
 
 - With an `external_id` (the platform's own id of the event): in the caller's
   READ COMMITTED transaction, `pg_advisory_xact_lock` on a hash of
-  (account_id, platform, external_id), then an `EXISTS` probe on events_dedup_idx bounded
-  to `DEDUP_WINDOW` on either side of `created_at`, then the INSERT. A
+  (account_id, platform, external_id), then the INSERT guarded by a `NOT EXISTS`
+  probe on events_dedup_idx bounded to `DEDUP_WINDOW` on either side of
+  `created_at` (two statements, sent as one query: `_statements`). A
   hypertable cannot carry a unique index on (account_id, external_id) without
   the time column, hence the lock. READ COMMITTED matters: in REPEATABLE READ
   the snapshot is taken by the lock statement itself, before the lock is
@@ -22,20 +23,22 @@ when the event row itself is new (a duplicate's children were written with
 the row that is already stored).
 
 Nothing is durable when `insert_event` returns: the caller's transaction
-commits it.
+commits it. `insert_event_committed` (the inline insert) is its own
+transaction: committed when it returns.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import timedelta
 
 import psycopg2.extensions
-import psycopg2.extras
 
 from ..model import PlatformEvent
 
+Connection = psycopg2.extensions.connection
 Cursor = psycopg2.extensions.cursor
 
 # How far either side of an event's created_at the dedup probe looks for the
@@ -53,72 +56,53 @@ DEDUP_WINDOW = timedelta(hours=72)
 # A hash collision only serialises two unrelated events.
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s::text || ':' || %s || ':' || %s, 0))"
 
-_EXISTS = """
-SELECT EXISTS (
-    SELECT 1 FROM events
-    WHERE account_id = %s AND external_id = %s AND platform = %s
-      AND created_at BETWEEN %s AND %s
-)
-"""
-
-_INSERT = """
-INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (id, created_at) DO NOTHING
-"""
-
-# The replay's statements, prepared once per connection (`prepare_replay`),
-# so a replay of many events parses them once instead of per event:
-# `_INSERT`, and `_EXISTS` and `_INSERT` as one statement. The probe is the
-# same and still runs after the lock statement, on the snapshot the INSERT
-# takes when it starts (READ COMMITTED).
-_PREPARED = {
-    "lumio_replay_insert": """
-PREPARE lumio_replay_insert (uuid, timestamptz, bigint, text, text, text, text, jsonb) AS
-INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (id, created_at) DO NOTHING""",
-    "lumio_replay_insert_unless_seen": """
-PREPARE lumio_replay_insert_unless_seen
-    (uuid, timestamptz, bigint, text, text, text, text, jsonb, timestamptz, timestamptz) AS
-INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8
-WHERE NOT EXISTS (
-    SELECT 1 FROM events
-    WHERE account_id = $3 AND external_id = $6 AND platform = $4
-      AND created_at BETWEEN $9 AND $10
-)
-ON CONFLICT (id, created_at) DO NOTHING""",
-}
-_EXEC_INSERT = "EXECUTE lumio_replay_insert (%s, %s, %s, %s, %s, %s, %s, %s)"
-_EXEC_INSERT_UNLESS_SEEN = ("EXECUTE lumio_replay_insert_unless_seen "
-                            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
-
-_IDS_PRESENT = "SELECT id FROM events WHERE created_at BETWEEN %s AND %s AND id = ANY(%s)"
-
-_INSERT_CHILDREN = """
-INSERT INTO event_children
-    (event_id, event_created_at, ordinal, kind, user_id, user_login, payload)
-VALUES %s
-ON CONFLICT (event_id, ordinal) DO NOTHING
-"""
-
-# An event with children in a multi-statement replay query: the row's INSERT
-# (lumio_replay_insert, or with an external id lumio_replay_insert_unless_seen's
-# probe) as a CTE whose RETURNING (empty when the row is not new: a conflict, or
-# the probe found the external id) feeds the children's INSERT.
-_INSERT_WITH_CHILDREN_HEAD = """
-WITH new_row AS (
+# The row's INSERT, in pieces every writer assembles the same way: with an
+# external id `_ROW + _UNLESS_SEEN + _ON_CONFLICT` (the dedup probe folded into
+# the INSERT: it runs on the snapshot the INSERT takes when it starts, after the
+# lock statement before it returned, READ COMMITTED), without one
+# `_ROW + _ON_CONFLICT`. An event with children puts the same INSERT in a CTE
+# (`_INSERT_WITH_CHILDREN`).
+_ROW = """
 INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
 SELECT %s::uuid, %s::timestamptz, %s::bigint, %s::text, %s::text, %s::text, %s::text, %s::jsonb"""
 _UNLESS_SEEN = """
 WHERE NOT EXISTS (
     SELECT 1 FROM events
-    WHERE account_id = %s AND external_id = %s AND platform = %s
-      AND created_at BETWEEN %s AND %s
+    WHERE account_id = %s::bigint AND external_id = %s::text AND platform = %s::text
+      AND created_at BETWEEN %s::timestamptz AND %s::timestamptz
 )"""
-_INSERT_WITH_CHILDREN_TAIL = b"""
-ON CONFLICT (id, created_at) DO NOTHING
+_ON_CONFLICT = """
+ON CONFLICT (id, created_at) DO NOTHING"""
+
+
+def _numbered(sql: str) -> str:
+    """`sql` with its `%s` placeholders as `$1`, `$2`, ... for PREPARE."""
+    count = iter(range(1, sql.count("%s") + 1))
+    return re.sub(r"%s", lambda _: f"${next(count)}", sql)
+
+
+# The replay's statements, prepared once per connection (`prepare_replay`),
+# so a replay of many events parses them once instead of per event: the very
+# text the other writers send, with its placeholders numbered.
+_PREPARED = {
+    "lumio_replay_insert": "PREPARE lumio_replay_insert AS " + _numbered(_ROW + _ON_CONFLICT),
+    "lumio_replay_insert_unless_seen": ("PREPARE lumio_replay_insert_unless_seen AS "
+                                        + _numbered(_ROW + _UNLESS_SEEN + _ON_CONFLICT)),
+}
+_EXEC_INSERT = "EXECUTE lumio_replay_insert (%s, %s, %s, %s, %s, %s, %s, %s)"
+_EXEC_INSERT_UNLESS_SEEN = ("EXECUTE lumio_replay_insert_unless_seen "
+                            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+
+_IDS_PRESENT = "SELECT id FROM events WHERE created_at BETWEEN %s AND %s AND id = ANY(%s)"
+
+# An event with children: the row's INSERT (with an external id, its probe) as
+# a CTE whose RETURNING (empty when the row is not new: a conflict, or the probe
+# found the external id) feeds the children's INSERT, so the children are
+# written exactly when the row is. Its row count is the children written: more
+# than none exactly when the row is new (children are only ever written with
+# their row, under a fresh event id).
+_WITH_CHILDREN_HEAD = "WITH new_row AS ("
+_WITH_CHILDREN_TAIL = b"""
 RETURNING id, created_at)
 INSERT INTO event_children
     (event_id, event_created_at, ordinal, kind, user_id, user_login, payload)
@@ -135,29 +119,38 @@ UNIQUE_VIOLATION = "23505"
 
 
 def insert_event(cur: Cursor, ev: PlatformEvent) -> bool:
-    """Insert `ev` and its children in the caller's transaction.
+    """Insert `ev` and its children in the caller's transaction, in one round trip.
 
     True when a new row was written, False when the event was already stored
-    (same id, or same external_id within the dedup window).
+    (same id, or same external_id within the dedup window). The lock and
+    the INSERT (probe and children folded in, `_statements`) go as one
+    multi-statement query: they stay two statements, and in READ COMMITTED
+    each takes its own snapshot when it starts, so the probe's is taken after
+    the lock is granted.
     """
-    if ev.external_id is not None:
-        cur.execute(_LOCK, (ev.account_id, ev.platform, ev.external_id))
-        cur.execute(_EXISTS, (ev.account_id, ev.external_id, ev.platform,
-                              ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW))
-        row = cur.fetchone()
-        if row is not None and row[0]:
-            return False
-    cur.execute(_INSERT, (ev.id, ev.created_at, ev.account_id, ev.platform, ev.type,
-                          ev.external_id, ev.user_id, json.dumps(ev.payload)))
-    if cur.rowcount != 1:
-        return False
-    if ev.children:
-        psycopg2.extras.execute_values(cur, _INSERT_CHILDREN, [
-            (ev.id, ev.created_at, ordinal, child.kind, child.user_id, child.user_login,
-             json.dumps(child.payload))
-            for ordinal, child in enumerate(ev.children)
-        ])
-    return True
+    cur.execute(_statements(cur, ev, prepared=False))
+    return _is_new(cur, ev)
+
+
+def insert_event_committed(conn: Connection, ev: PlatformEvent) -> bool:
+    """`insert_event` as a transaction of its own, committed in the same round trip.
+
+    For a connection of nobody's transaction (the inline insert): the query
+    goes in autocommit mode, where PostgreSQL runs a multi-statement query as
+    one implicit transaction (all of it or nothing, the advisory lock held to
+    its end) and commits it before it answers; a commit that fails is the
+    query's error. So no BEGIN and no COMMIT round trip. Durable when it
+    returns True or False; on an exception nothing of it is.
+    """
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            return insert_event(cur, ev)
+    finally:
+        # Client-side only (psycopg2 sends nothing); a broken connection is
+        # closed by the pool anyway.
+        if not conn.closed:
+            conn.autocommit = False
 
 
 def prepare_replay(cur: Cursor) -> None:
@@ -176,39 +169,19 @@ def prepare_replay(cur: Cursor) -> None:
 
 def insert_event_in_savepoint(cur: Cursor, ev: PlatformEvent, savepoint: str,
                               release: str | None = None) -> bool:
-    """`insert_event` inside a new SAVEPOINT `savepoint`, in fewer round trips.
+    """`insert_event` inside a new SAVEPOINT `savepoint`, in one round trip.
 
     For a transaction that stores many events (the replay of parked ones),
-    after `prepare_replay` on its connection. The same statements in the
-    same order (the INSERTs prepared): the lock is its own statement, and
-    in READ COMMITTED every statement of a multi-statement query takes its
-    own snapshot, so the probe still sees whatever the previous holder of the
-    lock committed. Only the round trips are merged: RELEASE of the previous
-    event's savepoint, this SAVEPOINT, the lock, and the INSERT guarded by the
-    same probe (`lumio_replay_insert_unless_seen`) go in one query; the children, if
-    any, in a second. After a failure
-    the caller rolls back to `savepoint`; if the failure was in the RELEASE or
-    the SAVEPOINT itself, that rollback fails too and the caller must treat
-    the whole transaction as failed.
+    after `prepare_replay` on its connection. The same statements as
+    `insert_event` (the INSERT without children prepared), preceded in the
+    same query by RELEASE of the previous event's savepoint and this
+    SAVEPOINT. After a failure the caller rolls back to `savepoint`; if the
+    failure was in the RELEASE or the SAVEPOINT itself, that rollback fails
+    too and the caller must treat the whole transaction as failed.
     """
     prefix = (f"RELEASE SAVEPOINT {release}; " if release else "") + f"SAVEPOINT {savepoint}; "
-    row_params = (ev.id, ev.created_at, ev.account_id, ev.platform, ev.type,
-                  ev.external_id, ev.user_id, json.dumps(ev.payload))
-    if ev.external_id is not None:
-        cur.execute(prefix + _LOCK + "; " + _EXEC_INSERT_UNLESS_SEEN,
-                    (ev.account_id, ev.platform, ev.external_id, *row_params,
-                     ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW))
-    else:
-        cur.execute(prefix + _EXEC_INSERT, row_params)
-    if cur.rowcount != 1:
-        return False
-    if ev.children:
-        psycopg2.extras.execute_values(cur, _INSERT_CHILDREN, [
-            (ev.id, ev.created_at, ordinal, child.kind, child.user_id, child.user_login,
-             json.dumps(child.payload))
-            for ordinal, child in enumerate(ev.children)
-        ])
-    return True
+    cur.execute(prefix.encode() + _statements(cur, ev, prepared=True))
+    return _is_new(cur, ev)
 
 
 def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
@@ -218,16 +191,14 @@ def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
     The same statements as one event each, in order, with its own SAVEPOINT
     (`savepoints[i]` for `events[i]`, each released by the next), sent as one
     multi-statement query; READ COMMITTED gives each statement its own
-    snapshot, so each probe sees the rows of the events before it. An event
-    with children is one statement (`_INSERT_WITH_CHILDREN`): the row's insert,
-    the same probe and conflict rule, feeds the children's through RETURNING,
-    so they are written exactly when the row is new, as `insert_event` does.
-    Which rows are new is read around the query: a row with the event's id
-    present before is a replay of a stored event; present after and not
-    before, new; absent after, a duplicate by external id. When any statement
-    fails the rest of the query does not run: the caller rolls back to
-    `savepoints[0]` (which fails in turn if that savepoint was never taken)
-    and stores the events one at a time.
+    snapshot, so each probe sees the rows of the events before it. Only the
+    last statement's row count comes back from such a query, so which rows
+    are new is read around it: a row with the event's id present before is a
+    replay of a stored event; present after and not before, new; absent
+    after, a duplicate by external id. When any statement fails the rest of
+    the query does not run: the caller rolls back to `savepoints[0]` (which
+    fails in turn if that savepoint was never taken) and stores the events
+    one at a time.
     """
     if len(events) != len(savepoints):
         raise ValueError("insert_events_in_savepoints: one savepoint per event")
@@ -241,17 +212,7 @@ def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
     for ev, savepoint in zip(events, savepoints, strict=True):
         head = (f"RELEASE SAVEPOINT {previous}; " if previous else "") + f"SAVEPOINT {savepoint}"
         parts.append(head.encode())
-        row_params = (ev.id, ev.created_at, ev.account_id, ev.platform, ev.type,
-                      ev.external_id, ev.user_id, json.dumps(ev.payload))
-        if ev.external_id is not None:
-            parts.append(cur.mogrify(_LOCK, (ev.account_id, ev.platform, ev.external_id)))
-        if ev.children:
-            parts.append(_insert_with_children(cur, ev, row_params))
-        elif ev.external_id is not None:
-            parts.append(cur.mogrify(_EXEC_INSERT_UNLESS_SEEN, (
-                *row_params, ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW)))
-        else:
-            parts.append(cur.mogrify(_EXEC_INSERT, row_params))
+        parts.append(_statements(cur, ev, prepared=True))
         previous = savepoint
     parts.append(cur.mogrify(_IDS_PRESENT, window))
     cur.execute(b"; ".join(parts))
@@ -259,21 +220,46 @@ def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
     return [str(ev.id) in after and str(ev.id) not in before for ev in events]
 
 
-def _insert_with_children(cur: Cursor, ev: PlatformEvent, row_params: tuple[object, ...]) -> bytes:
-    """The one statement that inserts `ev` (after its lock, if it has an external id) and its
-    children when its row is new."""
-    children = b", ".join(
-        cur.mogrify(_CHILD_VALUES, (ordinal, child.kind, child.user_id, child.user_login,
-                                    json.dumps(child.payload)))
-        for ordinal, child in enumerate(ev.children))
+def _statements(cur: Cursor, ev: PlatformEvent, *, prepared: bool) -> bytes:
+    """What every writer sends to store `ev`: the dedup (see the module
+    docstring) and the conflict rule in the least statements that keep them.
+
+    With an external id, the lock first, as a statement of its own: its
+    snapshot is taken before the lock is granted, so the probe must be in a
+    later statement (RELIABILITY.md 2.6). Then one INSERT with the probe
+    folded in and the children, if any, fed by its RETURNING. `prepared`:
+    an INSERT without children as the EXECUTE of its `prepare_replay`
+    statement (the same text).
+    """
+    row = (ev.id, ev.created_at, ev.account_id, ev.platform, ev.type,
+           ev.external_id, ev.user_id, json.dumps(ev.payload))
+    parts: list[bytes] = []
+    probe: tuple[object, ...] = ()
     if ev.external_id is not None:
-        probe = cur.mogrify(_UNLESS_SEEN, (ev.account_id, ev.external_id, ev.platform,
-                                           ev.created_at - DEDUP_WINDOW,
-                                           ev.created_at + DEDUP_WINDOW))
+        parts.append(cur.mogrify(_LOCK, (ev.account_id, ev.platform, ev.external_id)))
+        probe = (ev.account_id, ev.external_id, ev.platform,
+                 ev.created_at - DEDUP_WINDOW, ev.created_at + DEDUP_WINDOW)
+    unless_seen = _UNLESS_SEEN if probe else ""
+    if ev.children:
+        children = b", ".join(
+            cur.mogrify(_CHILD_VALUES, (ordinal, child.kind, child.user_id, child.user_login,
+                                        json.dumps(child.payload)))
+            for ordinal, child in enumerate(ev.children))
+        parts.append(cur.mogrify(_WITH_CHILDREN_HEAD + _ROW + unless_seen + _ON_CONFLICT,
+                                 row + probe)
+                     + _WITH_CHILDREN_TAIL.replace(b"%CHILDREN%", children))
+    elif prepared:
+        parts.append(cur.mogrify(_EXEC_INSERT_UNLESS_SEEN if probe else _EXEC_INSERT,
+                                 row + probe))
     else:
-        probe = b""
-    return (cur.mogrify(_INSERT_WITH_CHILDREN_HEAD, row_params) + probe
-            + _INSERT_WITH_CHILDREN_TAIL.replace(b"%CHILDREN%", children))
+        parts.append(cur.mogrify(_ROW + unless_seen + _ON_CONFLICT, row + probe))
+    return b"; ".join(parts)
+
+
+def _is_new(cur: Cursor, ev: PlatformEvent) -> bool:
+    """Whether the query of `_statements(ev)` just run wrote the row: its last
+    statement's row count (the row's, or its children's)."""
+    return cur.rowcount > 0 if ev.children else cur.rowcount == 1
 
 
 def already_stored(exc: BaseException) -> bool:
