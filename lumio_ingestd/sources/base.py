@@ -47,6 +47,7 @@ from typing import Any
 from ..framequarantine import FrameSink
 from ..metrics import Metrics
 from ..worker import Worker
+from .ws import WsClosed, WsConnection
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,23 @@ class Source(Worker):
     def drain(self) -> None:
         """On the source's thread after a graceful stop, before `close()` and `release()`:
         read and hand over what the socket already received (bounded; never blocks long)."""
+
+    def drain_connection(self, conn: WsConnection | None, handle: Callable[[bytes], None]) -> int:
+        """For `drain()`: what `conn` still holds (`WsConnection.drain`, within `drain_secs`),
+        each message through `handle`; returns how many. A reply that cannot go out any more
+        (a pong, an answer) loses nothing: it is logged at debug level."""
+        if conn is None:
+            return 0
+        n = 0
+        for data in conn.drain(self.drain_secs):
+            n += 1
+            try:
+                handle(data)
+            except (SourceClosed, WsClosed) as exc:
+                log.debug("%s: while draining: %s", self.name, exc)
+        if n:
+            log.info("%s: %d message(s) read after the stop, before the socket closed", self.name, n)
+        return n
 
     def quarantine_frame(self, reason: str, raw: bytes | str, detail: str = "") -> None:
         """Keep a refused frame's bytes (the caller counted it in source_bad_frames)."""

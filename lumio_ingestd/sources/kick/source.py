@@ -34,6 +34,7 @@ was read.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -233,17 +234,8 @@ class KickSource(Source):
 
     def drain(self) -> None:
         ws = self._ws
-        if ws is None:
-            return
-        n = 0
-        for raw in ws.drain(self.drain_secs):
-            n += 1
-            try:
-                self._handle(ws, raw)
-            except (SourceClosed, WsClosed) as exc:  # a pong cannot go out now: nothing lost
-                log.debug("%s: while draining: %s", self.name, exc)
-        if n:
-            log.info("%s: %d message(s) read after the stop, before the socket closed", self.name, n)
+        if ws is not None:
+            self.drain_connection(ws, functools.partial(self._handle, ws))
 
     def idle(self) -> None:
         self._housekeeping()

@@ -310,20 +310,12 @@ class SevenTvSocket(Source):
     def drain(self) -> None:
         with self._ws_lock:
             ws = self._ws
-        if ws is None:
-            return
-        n = 0
-        for data in ws.drain(self.drain_secs):
-            n += 1
-            frame = self._decode(data)
-            if frame is None:
-                continue
-            try:
-                self._handle(frame, data)
-            except (SourceClosed, WsClosed) as exc:  # an answer cannot go out now: nothing lost
-                log.debug("%s: while draining: %s", self.name, exc)
-        if n:
-            log.info("%s: %d message(s) read after the stop, before the socket closed", self.name, n)
+        self.drain_connection(ws, self._handle_raw)
+
+    def _handle_raw(self, data: bytes) -> None:
+        frame = self._decode(data)
+        if frame is not None:
+            self._handle(frame, data)
 
     # -- the group ---------------------------------------------------------------------------
 

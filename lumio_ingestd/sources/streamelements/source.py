@@ -262,17 +262,8 @@ class StreamElementsSource(Source):
 
     def drain(self) -> None:
         conn = self._conn
-        if conn is None:
-            return
-        n = 0
-        for data in conn.drain(self.drain_secs):
-            n += 1
-            try:
-                self._dispatch(data, conn)
-            except (SourceClosed, WsClosed) as exc:  # an answer cannot go out now: nothing lost
-                log.debug("%s: while draining: %s", self.name, exc)
-        if n:
-            log.info("%s: %d message(s) read after the stop, before the socket closed", self.name, n)
+        if conn is not None:
+            self.drain_connection(conn, lambda data: self._dispatch(data, conn))
 
     def release(self) -> None:
         for conn in (self._conn, self._opening):
