@@ -236,6 +236,10 @@ class SevenTv:
         self.src.frame_quarantine = quarantine  # the worker hands it to the sockets it makes
         self.src.start()
         assert wait_until(lambda: bool(self.src.sockets), 5)
+        # The set's first REST fetch is its baseline (no change events): an emote added
+        # before it is part of the baseline, so send_good waits for it (a heal after the
+        # subscribe ack, slow on a loaded machine).
+        assert wait_until(lambda: self.rig.value("seventv_heals_total", result="baseline") >= 1, 10)
 
     @property
     def source(self) -> Source:
