@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from _child import JsonLinesChild  # noqa: E402
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, truncate  # noqa: E402
 
@@ -54,38 +54,10 @@ CHATROOM = 777001
 FLUSH_INTERVAL = 0.2
 
 
-class _Standin:
+class _Standin(JsonLinesChild):
     def __init__(self) -> None:
-        self._proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "kick_standin_server.py")],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.info = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the stand-in process ended (exit {self._proc.poll()})")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def call(self, cmd: str, **args: Any) -> dict[str, Any]:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
-        self._proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write('{"cmd": "quit"}\n')
-                self._proc.stdin.close()
-                self._proc.wait(30)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                self._proc.kill()
-                self._proc.wait(10)
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
+        super().__init__(ROOT / "bench" / "kick_standin_server.py", what="the stand-in process")
+        self.info = self.read()
 
 
 def parse_rate(frames: list[str]) -> float:

@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _child import JsonLinesChild  # noqa: E402
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 from bench_chat import truncate  # noqa: E402
 from bench_wire import Pipeline, broadcaster, servers, write_config  # noqa: E402
@@ -127,46 +127,13 @@ def replica_main(config: str) -> int:
     return 0
 
 
-class Replica:
+class Replica(JsonLinesChild):
     """Parent side: this script as a child process with `--replica CONFIG`."""
 
     def __init__(self, config: Path) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--replica", str(config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        super().__init__(Path(__file__).resolve(), "--replica", str(config), what="a replica process",
+                         quit_secs=60.0)
         self.broadcasters: list[str] = self.read()["broadcasters"]
-
-    def read(self) -> dict[str, Any]:
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"a replica process ended (exit {self._proc.poll()})")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def send(self, cmd: str, **args: Any) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
-        self._proc.stdin.flush()
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                self.send("quit")
-                assert self._proc.stdin is not None
-                self._proc.stdin.close()
-                self._proc.wait(60)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(10)
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
 
 
 def check_per_account(pg: PostgresServer, expected: dict[int, int]) -> None:

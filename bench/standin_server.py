@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import _paths  # noqa: E402, F401 - first: it sets up sys.path
+from _child import JsonLinesChild  # noqa: E402
 
 from lumio_ingestd.standins import twitch_events as te  # noqa: E402
 from lumio_ingestd.standins.twitch import StandinSession, TwitchStandin  # noqa: E402
@@ -152,42 +152,12 @@ def main() -> int:
 
 
 
-class StandinProcess:
+class StandinProcess(JsonLinesChild):
     """The parent's side: starts this script as a child process and calls it."""
 
     def __init__(self, *args: str) -> None:
-        self._proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.info = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the stand-in process ended (exit {self._proc.poll()})")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def call(self, cmd: str, **args: Any) -> dict[str, Any]:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
-        self._proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self._proc.stdin.close()
-                self._proc.wait(30)
-            except (OSError, ValueError):
-                pass
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(10)
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
+        super().__init__(Path(__file__).resolve(), *args, what="the stand-in process")
+        self.info = self.read()
 
 
 if __name__ == "__main__":
