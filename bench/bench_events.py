@@ -25,7 +25,6 @@ thresholds here.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import shutil
@@ -37,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _paths import DURABLE_PG, ROOT  # noqa: E402 - first: it sets up sys.path
+from _paths import DURABLE_PG, write_result  # noqa: E402 - first: it sets up sys.path
 
 from events_support import make_event, make_rig  # noqa: E402
 from harness import FaultProxy, PostgresServer, RedisServer  # noqa: E402
@@ -273,10 +272,7 @@ def main() -> None:
         print(f"{key:<34}{r['events']:>7} events in {r['seconds']:.2f}s = {r['events_per_sec']:.0f}/s"
               + (f" ({r['passes']} passes)" if "passes" in r else ""))
     print(f"{'live p99 during replay / idle':<34}{results['live_p99_ratio']:>7.2f}")
-    out = ROOT / "bench" / "results" / "bench_events.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    write_result("bench_events", results)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _paths import DURABLE_PG, ROOT  # noqa: E402 - first: it sets up sys.path
+from _paths import DURABLE_PG, write_result  # noqa: E402 - first: it sets up sys.path
 
 from fakes.jetstream import FakeEvent, FakeJetstream, commit  # noqa: E402
 from harness import PostgresServer  # noqa: E402
@@ -135,10 +135,7 @@ def main() -> None:
     for key in ("apply_new", "apply_replayed", "apply_in_batch_duplicates", "end_to_end"):
         r = results[key]
         print(f"{key:<28}{r['records']:>9}{r['seconds']:>10.2f}{r['per_sec']:>12.0f}")
-    out = ROOT / "bench" / "results" / "bench_jetstream.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    write_result("bench_jetstream", results)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ a speed.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _child import JsonLinesChild  # noqa: E402
-from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
+from _paths import ROOT, write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, truncate  # noqa: E402
 
 from lumio_ingestd.chat.flusher import ChatFlusher  # noqa: E402
@@ -151,10 +150,7 @@ def main() -> int:
     print(f"{'the stand-in own send rate (its process)':<60}{med['standin_send']:>12,.0f}")
     print(f"{'parse + map of the same frames, one thread':<60}{med['parse']:>12,.0f}")
     print(f"{'ratio end to end / parse':<60}{result['ratio_end_to_end_to_parse']:>12.2f}")
-    out = ROOT / "bench" / "results" / "bench_kick.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    write_result("bench_kick", result)
     return 0
 
 

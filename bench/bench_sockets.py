@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
+from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 from standin_server import StandinProcess, raise_fd_limit  # noqa: E402
 
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
@@ -125,10 +125,7 @@ def main() -> int:
     print(f"RSS {r['rss_before_kib']:,} KiB -> {r['rss_after_kib']:,} KiB = "
           f"{r['rss_per_socket_kib']:.1f} KiB per socket")
     print(f"threads {r['threads_before']} -> {r['threads_after']} = {r['threads_per_socket']:.2f} per socket")
-    out = ROOT / "bench" / "results" / "bench_sockets.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(r, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    write_result("bench_sockets", r)
     return 0
 
 

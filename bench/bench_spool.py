@@ -19,7 +19,6 @@ Not a test: no thresholds here.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shutil
 import tempfile
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
+from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.spool import Spool  # noqa: E402
@@ -110,10 +109,7 @@ def main() -> None:
     r = results["replay"]
     print(f"{'replay':<18} {r['replay_records_per_s']:>11}   ({r['records']} records in "
           f"{r['segments']} segments; open() took {r['open_seconds']} s)")
-    out = ROOT / "bench" / "results" / "bench_spool.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    write_result("bench_spool", results)
 
 
 if __name__ == "__main__":

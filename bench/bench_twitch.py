@@ -20,7 +20,6 @@ thresholds here.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import socket
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
+from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 
 import twitch_frames as tf  # noqa: E402
 from fakes.twitch import FakeSession, FakeTwitch  # noqa: E402
@@ -175,10 +174,7 @@ def main() -> None:
         print(f"{key:<34}{st['n']:>6}{st['p50_ms']:>9.2f}{st['p99_ms']:>9.2f}{st['max_ms']:>9.2f}"
               f"{st['total_s']:>9.2f}")
     print(f"stalled client dropped: {a['stalled_client_dropped']:.0f}")
-    out = ROOT / "bench" / "results" / "bench_twitch.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    write_result("bench_twitch", results)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
+from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, raw_copy, truncate  # noqa: E402
 from standin_server import StandinProcess  # noqa: E402
 
@@ -283,10 +283,7 @@ def main() -> int:
     print(f"{'ratio end to end / COPY':<68}{result['ratio_end_to_end_to_copy']:>12.2f}")
     print(f"{'ratio end to end / parse + extract':<68}"
           f"{result['ratio_end_to_end_to_parse_extract']:>12.2f}")
-    out = ROOT / "bench" / "results" / "bench_wire.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    write_result("bench_wire", result)
     return 0
 
 

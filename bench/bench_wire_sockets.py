@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from _child import JsonLinesChild  # noqa: E402
-from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
+from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import truncate  # noqa: E402
 from bench_wire import Pipeline, broadcaster, servers, write_config  # noqa: E402
 from standin_server import StandinProcess  # noqa: E402
@@ -271,10 +271,7 @@ def main() -> int:
               f"{c['standin_send']:>14,.0f}")
     if result["ratio_most_sockets_to_one"] is not None:
         print(f"{'most sockets / one socket, one process':<56}{result['ratio_most_sockets_to_one']:>10.2f}")
-    out = ROOT / "bench" / "results" / "bench_wire_sockets.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written to {out.relative_to(ROOT)}")
+    write_result("bench_wire_sockets", result)
     return 0
 
 
