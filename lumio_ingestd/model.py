@@ -32,6 +32,8 @@ from . import boundedjson, fastjson
 ENTRY_VERSION = 1
 #: The version `ChatMessage.to_entry` writes (see the module docstring).
 CHAT_ENTRY_VERSION = 2
+#: The chat entry versions `ChatMessage.from_entry` reads.
+CHAT_ENTRY_VERSIONS = (ENTRY_VERSION, CHAT_ENTRY_VERSION)
 #: A stored entry larger than this is refused unread (this daemon writes far
 #: smaller ones: its inputs are capped at 512 KiB a frame).
 MAX_ENTRY_BYTES = 4 * 1024 * 1024
@@ -317,7 +319,7 @@ class ChatMessage:
 
     @classmethod
     def from_entry(cls, raw: bytes | str) -> ChatMessage:
-        obj = _loads(raw, (ENTRY_VERSION, CHAT_ENTRY_VERSION))
+        obj = _loads(raw, CHAT_ENTRY_VERSIONS)
         try:
             return cls.create(
                 platform=obj["platform"], account_id=obj["account_id"],

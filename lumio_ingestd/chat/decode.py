@@ -29,8 +29,7 @@ from typing import Any
 
 from .. import boundedjson, fastjson
 from ..model import (
-    CHAT_ENTRY_VERSION,
-    ENTRY_VERSION,
+    CHAT_ENTRY_VERSIONS,
     MAX_ENTRY_BYTES,
     MAX_ID,
     MAX_JSON_DEPTH,
@@ -43,7 +42,6 @@ from ..model import (
 from .store import NEEDS_REPAIR, encode_fields, encode_row
 
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
-_VERSIONS = (ENTRY_VERSION, CHAT_ENTRY_VERSION)
 _MAX_PLATFORM = 32  # ChatMessage.create caps the platform name at 32
 _SHORT_EXTRAS = min(MAX_NAME, MAX_JSON_STRING)
 # As store.extras_json writes extras, but refusing NaN and infinities.
@@ -114,7 +112,7 @@ def _clean_object(raw: bytes) -> tuple[dict[str, Any], str] | None:
         obj = boundedjson.loads(raw.decode("utf-8"), max_bytes=MAX_ENTRY_BYTES, decode=fastjson.loads)
     except ValueError:  # UnicodeDecodeError and JsonRefused included; from_entry words it
         return None
-    if (type(obj) is not dict or type(obj.get("v")) is not int or obj["v"] not in _VERSIONS
+    if (type(obj) is not dict or type(obj.get("v")) is not int or obj["v"] not in CHAT_ENTRY_VERSIONS
             or "message_id" not in obj):
         return None
     platform = obj.get("platform")
