@@ -17,7 +17,10 @@ left, freezes the survivors (they leave the collector's generations: they
 live as long as the process) and raises the generation-0 threshold so a pass
 sees mostly objects that are already dead or long-lived, not the few hundred
 messages in flight. The collector stays enabled: cyclic garbage is still
-freed, within `GEN0_THRESHOLD` allocations. Nothing durable here.
+freed, within `GEN0_THRESHOLD` allocations. The one cost: an object frozen
+at start that later becomes part of a cycle (an account worker a reload
+removes) is not freed; that is bounded by what the start built, once.
+Nothing durable here.
 """
 
 from __future__ import annotations
