@@ -39,6 +39,7 @@ from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, raw_copy, truncate  # noqa: E402
 from standin_server import StandinProcess  # noqa: E402
 
+from lumio_ingestd import gcpolicy  # noqa: E402
 from lumio_ingestd.chat.flusher import ChatFlusher  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.config import Config, TimescaleConfig, load  # noqa: E402
@@ -112,6 +113,7 @@ class Pipeline:
                              if a.twitch_user_id is not None and cfg.owns(a.account_id)]
 
     def start(self) -> None:
+        gcpolicy.apply()  # as the daemon does once it is built (`lumio-ingestd run`)
         self.flusher.start()
         for source in self.sources:
             source.start()

@@ -409,12 +409,17 @@ class RunResult:
 class App:
     def __init__(self, cfg: Config, environ: Mapping[str, str], *,
                  reload: Callable[[], Config] | None = None, builder: Builder = build,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None,
+                 gc_policy: Callable[[], None] | None = None) -> None:
+        """`gc_policy` runs once, when everything is built and before any worker starts:
+        `lumio-ingestd run` passes `gcpolicy.apply` (a process-wide setting, so an App
+        embedded in a test process leaves that process's collector as it is)."""
         self.cfg = cfg
         self._boot_cfg = cfg
         self._environ = environ
         self._reload = reload
         self._builder = builder
+        self._gc_policy = gc_policy
         self.metrics = metrics if metrics is not None else Metrics(process=True)
         self.signals = SignalQueue()
         self.notifier = Notifier(environ)
@@ -521,6 +526,8 @@ class App:
             log.info("systemd watchdog: petting every %.2fs", interval)
         if parts.membership is not None:
             parts.membership.on_change = self.signals.wake
+        if self._gc_policy is not None:
+            self._gc_policy()
         sup.start_all()
 
     def _requested(self, which: str) -> tuple[str, int]:

@@ -201,11 +201,12 @@ def _migrate(cfg: Config) -> int:
 
 def _run(cfg: Config, env: Mapping[str, str]) -> int:
     """The daemon: App.run() until a stop signal; SIGHUP reloads `cfg.path` with the same `env`."""
+    from . import gcpolicy
     from .app import App, stragglers  # the runtime is only imported by the command that needs it
 
     # `systemctl kill -s SIGUSR1 --kill-whom=main` prints every thread's stack without stopping us.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    result = App(cfg, env, reload=lambda: load(cfg.path, env)).run()
+    result = App(cfg, env, reload=lambda: load(cfg.path, env), gc_policy=gcpolicy.apply).run()
     left = stragglers()
     if left:
         # The interpreter would wait for these forever at exit; what they hold

@@ -105,3 +105,16 @@ def _dumps_orjson(obj: Any) -> bytes:
 
 #: Compact UTF-8 JSON (ensure_ascii off); a lone surrogate raises UnicodeEncodeError.
 dumps: Callable[[Any], bytes] = _dumps_orjson if USING_ORJSON else _dumps_std
+
+
+def dumps_utc_z(obj: Any) -> bytes:
+    """orjson's compact JSON, an aware datetime in UTC written `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`.
+
+    orjson only: raises TypeError without it, and whatever orjson refuses (a
+    lone surrogate, an int past 64 bits) raises TypeError too; the caller
+    then writes the document through `dumps`.
+    """
+    if _orjson is None:
+        raise TypeError("orjson is not used")
+    result: bytes = _orjson.dumps(obj, option=_orjson.OPT_UTC_Z)
+    return result

@@ -310,12 +310,24 @@ class ChatMessage:
                    or cleaned_extras != dict(extras or {}))
 
     def to_entry(self) -> bytes:
-        return _dumps({
+        created = self.created_at
+        if created.tzinfo is UTC and created.microsecond and fastjson.USING_ORJSON:
+            # Nearly every message: orjson writes such a time exactly as `format_time` does
+            # (`YYYY-MM-DDTHH:MM:SS.ffffffZ`; only a zero fraction would be left out), for a
+            # fraction of its cost. Where orjson refuses the entry, the general path decides.
+            try:
+                return fastjson.dumps_utc_z(self._entry(created))
+            except TypeError:
+                pass
+        return _dumps(self._entry(format_time(created)))
+
+    def _entry(self, created_at: str | datetime) -> dict[str, Any]:
+        return {
             "v": CHAT_ENTRY_VERSION, "platform": self.platform, "account_id": self.account_id,
-            "message_id": self.message_id, "created_at": format_time(self.created_at),
+            "message_id": self.message_id, "created_at": created_at,
             "user_id": self.user_id, "user_login": self.user_login,
             "display_name": self.display_name, "text": self.text, "extras": self.extras,
-        })
+        }
 
     @classmethod
     def from_entry(cls, raw: bytes | str) -> ChatMessage:

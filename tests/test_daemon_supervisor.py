@@ -13,6 +13,8 @@ import http.client
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +24,7 @@ import pytest
 
 from daemon_support import NotifySocket
 from harness.servers import wait_until
+from lumio_ingestd import gcpolicy
 from lumio_ingestd.app import App, Parts, Role, RunResult, Supervisor
 from lumio_ingestd.config import Config
 from lumio_ingestd.httpserver import Request, Response, Stream, StreamResponse
@@ -513,3 +516,34 @@ def test_watchdog_interval_is_half_the_period_and_honours_the_pid() -> None:
     assert watchdog_interval({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}, pid=2) is None
     assert watchdog_interval({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "2"}, pid=2) == 15.0
     assert watchdog_interval({"WATCHDOG_USEC": "0"}) is None
+
+
+# --------------------------------------------------------------------------- GC policy
+
+
+def test_the_gc_policy_runs_once_after_the_build_before_any_worker_starts(tmp_path: Path) -> None:
+    tickers: list[Ticker] = []
+    calls: list[list[int]] = []
+
+    def builder(cfg: Config, metrics: Metrics) -> Parts:
+        tickers.append(Ticker("source-ok", metrics))
+        return Parts(sources=list(tickers))
+
+    app = App(_config(tmp_path), {}, builder=builder,
+              gc_policy=lambda: calls.append([t.turns for t in tickers]))
+
+    def driver(stop: Callable[[], None]) -> None:
+        assert wait_until(lambda: bool(tickers) and tickers[0].turns > 3, 10)
+
+    result = _run_app(app, driver)
+    assert result.code == 0
+    assert calls == [[0]]  # built, not yet turning, and only once
+
+
+def test_the_gc_policy_freezes_the_start_up_objects_and_raises_the_gen0_threshold() -> None:
+    # In a process of its own: the policy is process-wide.
+    code = ("import gc; from lumio_ingestd import gcpolicy; gcpolicy.apply(); "
+            "print(gc.get_threshold()[0], gc.get_freeze_count() > 1000, gc.isenabled())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=30).stdout.split()
+    assert out == [str(gcpolicy.GEN0_THRESHOLD), "True", "True"]

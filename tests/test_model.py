@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from lumio_ingestd import fastjson
 from lumio_ingestd.model import (
     MAX_TEXT,
     ChatMessage,
@@ -58,6 +59,41 @@ def test_chat_entry_round_trip_keeps_microseconds() -> None:
     for version in (0, 3, True, "2", 2.0):
         with pytest.raises(EntryError, match="unknown format version"):
             ChatMessage.from_entry(json.dumps({**obj, "v": version}))
+
+
+def _entry_the_general_way(msg: ChatMessage) -> bytes:
+    """What to_entry wrote before it let orjson format the time: the time as format_time's text."""
+    return fastjson.dumps({
+        "v": 2, "platform": msg.platform, "account_id": msg.account_id, "message_id": msg.message_id,
+        "created_at": format_time(msg.created_at), "user_id": msg.user_id,
+        "user_login": msg.user_login, "display_name": msg.display_name, "text": msg.text,
+        "extras": msg.extras})
+
+
+@pytest.mark.parametrize("created_at", [
+    T0,
+    T0.replace(microsecond=1),
+    T0.replace(microsecond=0),  # orjson would leave the fraction out: not its to write
+    datetime(999, 1, 2, 3, 4, 5, 600, tzinfo=UTC),
+    datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    T0.astimezone(timezone(timedelta(hours=2))),  # another zone: written in UTC
+    T0.replace(tzinfo=timezone(timedelta(0), "Z")),  # UTC, but not the `UTC` object
+])
+def test_the_chat_entry_is_byte_for_byte_what_the_general_path_writes(created_at: datetime) -> None:
+    msg = ChatMessage.create(platform="twitch", account_id=7, message_id="m1", created_at=created_at,
+                             user_id="u", user_login="l", display_name="Dé", text="hi ✨ \"q\"",
+                             extras={"badges": [{"id": "1"}], "n": 3, "x": None})
+    assert msg.to_entry() == _entry_the_general_way(msg)
+    assert ChatMessage.from_entry(msg.to_entry()) == msg
+
+
+def test_a_chat_entry_orjson_refuses_is_written_or_refused_as_before() -> None:
+    big = ChatMessage(platform="twitch", account_id=7, message_id="m", created_at=T0,
+                      extras={"n": 2**70})  # past 64 bits: the standard library writes it
+    assert big.to_entry() == _entry_the_general_way(big) and b"1180591620717411303424" in big.to_entry()
+    lone = ChatMessage(platform="twitch", account_id=7, message_id="m", created_at=T0, text="a\ud800")
+    with pytest.raises(UnicodeEncodeError):  # what ingest's _with_entry repairs
+        lone.to_entry()
 
 
 def test_event_entry_round_trip_keeps_id_time_and_children() -> None:
