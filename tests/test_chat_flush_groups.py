@@ -20,7 +20,8 @@ import pytest
 from chat_support import ChatRig, assert_exactly_once, counter_value, make_messages, make_rig
 from harness.servers import PostgresServer
 from lumio_ingestd import fastjson, rediskeys
-from lumio_ingestd.chat.flusher import CLAIMS_PER_TRIP
+from lumio_ingestd.chat.batch import Claimed
+from lumio_ingestd.chat.flusher import transactions
 from lumio_ingestd.chat.store import stageable
 from lumio_ingestd.model import ChatMessage
 from support import dbname_of
@@ -61,25 +62,38 @@ def test_small_batches_of_many_accounts_are_one_transaction(rig: ChatRig) -> Non
     assert rig.chat_keys() == []
 
 
-def test_a_transaction_covers_one_claim_trip_and_full_buffers_take_more_rounds(
+def test_small_batches_share_a_transaction_up_to_a_full_batch_and_full_ones_go_alone(
         tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str) -> None:
     rig = make_rig(tmp_path, pg_server.url(dbname_of(pg_dsn)), pg_dsn, redis_url,
                    chat={"flush_batch_size": 10})
     try:
-        accounts = CLAIMS_PER_TRIP + 4
-        sent = [m for account in range(1, accounts + 1) for m in make_messages(3, account=account)]
-        big = make_messages(25, account=accounts + 1)  # 10 + 10 + 5: three rounds
+        # Accounts 1-5 hold 4 each; account 3 holds 25 (10 + 10 + 5: three rounds).
+        sent = [m for account in (1, 2, 4, 5) for m in make_messages(4, account=account)]
+        big = make_messages(25, account=3)
         rig.ingest().persist_batch(sent + big)
         rig.flusher().tick()
         assert_exactly_once(rig.stored(), _ids(sent + big))
+        # Round 1: account 3's full batch alone, 4 + 4 + 4 >= 10 together, then 5's 4;
+        # rounds 2 and 3: account 3's next 10 and its last 5.
         assert sorted(sorted(a) for a in _transactions(rig).values()) == [
-            list(range(1, CLAIMS_PER_TRIP + 1)),  # the first trip's accounts, 3 rows each
-            list(range(CLAIMS_PER_TRIP + 1, accounts + 2)),  # the second's, 10 of the big one
-            [accounts + 1], [accounts + 1]]  # its other rounds
+            [1, 2, 4], [3], [3], [3], [5]]
         assert counter_value(rig.metrics, "chat_messages_flushed_total") == len(sent) + 25
         assert rig.chat_keys() == []
     finally:
         rig.close()
+
+
+def test_transactions_cut_full_batches_alone_and_small_ones_together() -> None:
+    def claims(*sizes: int) -> list[tuple[Claimed, bool]]:
+        return [(Claimed(i, f"inflight-{i}", [b"x"] * n), False) for i, n in enumerate(sizes)]
+
+    def cut(*sizes: int) -> list[list[int]]:
+        return [[c.account for c, _ in g] for g in transactions(claims(*sizes), 10)]
+
+    assert cut(4, 10, 4, 3, 9, 1) == [[1], [0, 2, 3], [4, 5]]
+    assert cut(10, 10) == [[0], [1]]
+    assert cut(1, 2, 3) == [[0, 1, 2]]
+    assert cut() == []
 
 
 def test_a_refused_row_is_quarantined_under_its_own_account(rig: ChatRig) -> None:

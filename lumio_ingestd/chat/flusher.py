@@ -8,10 +8,13 @@ in-flight list of ours:
 2. recover the in-flight lists of dead instances (no heartbeat) back into
    their buffers, so nothing a killed process had claimed stays stranded;
 3. resume our own in-flight batch if one is left from a failed try, else claim
-   up to `flush_batch_size` entries atomically from the buffer into it;
-4. insert the batch idempotently with poison isolation (`store.store_isolating`)
-   and, only after the commit, quarantine the culprits and delete the
-   in-flight list in one atomic step;
+   up to `flush_batch_size` entries atomically from the buffer into it (up to
+   `CLAIMS_PER_TRIP` accounts' claims in one pipelined round trip);
+4. insert the batch idempotently with poison isolation (`batch.store_batches`;
+   a full batch is a transaction of its own, smaller batches of several
+   accounts share one until they add up to a full batch) and, only after the
+   commit, quarantine the culprits and delete the in-flight list in one atomic
+   step per account;
 5. on a retryable database failure keep the batch in flight and count the
    account's consecutive failures; after `max_flush_failures` move the batch to
    the account's dead-letter list (TTL `deadletter_ttl_hours`) and reset the count.
@@ -70,6 +73,30 @@ log = logging.getLogger(__name__)
 #: that a round over many accounts with full buffers holds at most this many
 #: batches (`flush_batch_size` entries each) in memory.
 CLAIMS_PER_TRIP = 16
+
+
+_Claim = tuple[Claimed, bool]  # a claimed batch, and whether it was resumed
+
+
+def transactions(claims: list[_Claim], batch_size: int) -> list[list[_Claim]]:
+    """The claimed batches cut into transactions, in account order: a full batch alone,
+    smaller ones together until they add up to a full batch."""
+    groups: list[list[_Claim]] = []
+    group: list[_Claim] = []
+    held = 0
+    for claim in claims:
+        size = len(claim[0].entries)
+        if size >= batch_size:
+            groups.append([claim])
+            continue
+        group.append(claim)
+        held += size
+        if held >= batch_size:
+            groups.append(group)
+            group, held = [], 0
+    if group:
+        groups.append(group)
+    return groups
 
 
 def default_heartbeat_ttl(cfg: Config) -> float:
@@ -174,10 +201,10 @@ class ChatFlusher(IntervalWorker):
                     for claimed, _ in claims:
                         self._failed(claimed.account, claimed.inflight)
                 elif claims:
-                    db_failed = not self._store(claims, more, budget_deadline, final)
+                    db_failed = not self._store_claims(claims, more, budget_deadline, final)
             pending = more
 
-    def _claim(self, accounts: list[int]) -> list[tuple[Claimed, bool]]:
+    def _claim(self, accounts: list[int]) -> list[_Claim]:
         """The accounts' next batches, claimed in one round trip: (batch, whether it
         was already in flight) for each account that had something waiting."""
         inflights = [rediskeys.chat_inflight(account, self.instance) for account in accounts]
@@ -185,7 +212,7 @@ class ChatFlusher(IntervalWorker):
             [(rediskeys.chat_buffer(account), inflight)
              for account, inflight in zip(accounts, inflights, strict=True)],
             self._cfg.chat.flush_batch_size)
-        claims: list[tuple[Claimed, bool]] = []
+        claims: list[_Claim] = []
         for account, inflight, (entries, resumed) in zip(accounts, inflights, replies, strict=True):
             if not entries:
                 self.metrics.chat_flush_batches.labels("empty").inc()
@@ -195,16 +222,31 @@ class ChatFlusher(IntervalWorker):
             self._failpoint("chat.flush.claimed")
         return claims
 
-    def _store(self, group: list[tuple[Claimed, bool]], more: list[int], budget_deadline: float,
-               final: bool) -> bool:
-        """Store the batches of one claim round trip in one transaction (batch.store_batches);
-        False when the database failed (each of them counted failed and left in flight).
-        Accounts that may have more waiting (a full or a resumed batch) go to `more`.
+    def _store_claims(self, claims: list[_Claim], more: list[int],
+                      budget_deadline: float, final: bool) -> bool:
+        """Store one claim round trip's batches; False once the database failed (that
+        transaction's batches and every later one counted failed and left in flight).
 
-        One transaction, however many accounts and rows: with many source threads
-        every wait on Redis or the database costs the flusher thread a fight for the
-        interpreter lock (measured 60-370 ms a wait with 16 busy sockets), so the
-        waits per message are what bounds its rate, not the work."""
+        A full batch is a transaction of its own (`flush_batch_size` is the rows a
+        transaction takes); smaller ones, the many-sockets case, share one until
+        they add up to a full batch. With 16 busy source threads each wait on the
+        database or Redis cost the flusher thread 60-370 ms to win the interpreter
+        lock back (measured), so one commit per account made it fall behind.
+        """
+        groups = transactions(claims, self._cfg.chat.flush_batch_size)
+        for index, group in enumerate(groups):
+            if not self._store(group, more, budget_deadline, final):
+                for rest in groups[index + 1:]:
+                    for claimed, _ in rest:
+                        self._failed(claimed.account, claimed.inflight)
+                return False
+        return True
+
+    def _store(self, group: list[_Claim], more: list[int], budget_deadline: float,
+               final: bool) -> bool:
+        """Store the batches of `group` in one transaction (batch.store_batches); False when
+        the database failed (each of them counted failed and left in flight). Accounts
+        that may have more waiting (a full or a resumed batch) go to `more`."""
         deadline = time.monotonic() + self.batch_timeout_secs
         if final:
             deadline = min(deadline, budget_deadline)
