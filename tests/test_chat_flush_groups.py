@@ -4,7 +4,7 @@ With many sockets and a short flush interval each account holds a few dozen
 messages a pass; one commit per account made the flusher thread wait on the
 database once per account (and win the interpreter lock back from every source
 thread each time). Checked here on a real PostgreSQL through the rows' `xmin`
-(the id of the transaction that inserted them): one per group, a group cut at
+(the id of the transaction that inserted them): one per group, a group within
 `flush_batch_size`, poison rows quarantined under their own account, and a
 failed transaction leaving every batch of its group in flight.
 """
@@ -62,7 +62,7 @@ def test_small_batches_of_many_accounts_are_one_transaction(rig: ChatRig) -> Non
     assert rig.chat_keys() == []
 
 
-def test_small_batches_share_a_transaction_up_to_a_full_batch_and_full_ones_go_alone(
+def test_small_batches_share_a_transaction_within_the_batch_size_and_full_ones_go_alone(
         tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str) -> None:
     rig = make_rig(tmp_path, pg_server.url(dbname_of(pg_dsn)), pg_dsn, redis_url,
                    chat={"flush_batch_size": 10})
@@ -73,26 +73,27 @@ def test_small_batches_share_a_transaction_up_to_a_full_batch_and_full_ones_go_a
         rig.ingest().persist_batch(sent + big)
         rig.flusher().tick()
         assert_exactly_once(rig.stored(), _ids(sent + big))
-        # Round 1: account 3's full batch alone, 4 + 4 + 4 >= 10 together, then 5's 4;
-        # rounds 2 and 3: account 3's next 10 and its last 5.
+        # Round 1: 4 + 4, account 3's full batch alone, 4 + 4; rounds 2 and 3: account
+        # 3's next 10 and its last 5.
         assert sorted(sorted(a) for a in _transactions(rig).values()) == [
-            [1, 2, 4], [3], [3], [3], [5]]
+            [1, 2], [3], [3], [3], [4, 5]]
         assert counter_value(rig.metrics, "chat_messages_flushed_total") == len(sent) + 25
         assert rig.chat_keys() == []
     finally:
         rig.close()
 
 
-def test_transactions_cut_full_batches_alone_and_small_ones_together() -> None:
+def test_transactions_never_exceed_the_batch_size() -> None:
     def claims(*sizes: int) -> list[tuple[Claimed, bool]]:
         return [(Claimed(i, f"inflight-{i}", [b"x"] * n), False) for i, n in enumerate(sizes)]
 
     def cut(*sizes: int) -> list[list[int]]:
         return [[c.account for c, _ in g] for g in transactions(claims(*sizes), 10)]
 
-    assert cut(4, 10, 4, 3, 9, 1) == [[1], [0, 2, 3], [4, 5]]
+    assert cut(4, 10, 4, 3, 9, 1) == [[0], [1], [2, 3], [4, 5]]
     assert cut(10, 10) == [[0], [1]]
-    assert cut(1, 2, 3) == [[0, 1, 2]]
+    assert cut(1, 2, 3, 4) == [[0, 1, 2, 3]]
+    assert cut(6, 5) == [[0], [1]]  # never more than a full batch in one transaction
     assert cut() == []
 
 

@@ -11,8 +11,8 @@ in-flight list of ours:
    up to `flush_batch_size` entries atomically from the buffer into it (up to
    `CLAIMS_PER_TRIP` accounts' claims in one pipelined round trip);
 4. insert the batch idempotently with poison isolation (`batch.store_batches`;
-   a full batch is a transaction of its own, smaller batches of several
-   accounts share one until they add up to a full batch) and, only after the
+   consecutive accounts' batches share a transaction while their total stays
+   within `flush_batch_size`, so a full batch is alone) and, only after the
    commit, quarantine the culprits and delete the in-flight list in one atomic
    step per account;
 5. on a retryable database failure keep the batch in flight and count the
@@ -79,21 +79,18 @@ _Claim = tuple[Claimed, bool]  # a claimed batch, and whether it was resumed
 
 
 def transactions(claims: list[_Claim], batch_size: int) -> list[list[_Claim]]:
-    """The claimed batches cut into transactions, in account order: a full batch alone,
-    smaller ones together until they add up to a full batch."""
+    """The claimed batches cut into transactions, in account order: consecutive batches
+    share one while their total stays within `batch_size` (so a full batch is alone)."""
     groups: list[list[_Claim]] = []
     group: list[_Claim] = []
     held = 0
     for claim in claims:
         size = len(claim[0].entries)
-        if size >= batch_size:
-            groups.append([claim])
-            continue
-        group.append(claim)
-        held += size
-        if held >= batch_size:
+        if group and held + size > batch_size:
             groups.append(group)
             group, held = [], 0
+        group.append(claim)
+        held += size
     if group:
         groups.append(group)
     return groups
@@ -227,9 +224,9 @@ class ChatFlusher(IntervalWorker):
         """Store one claim round trip's batches; False once the database failed (that
         transaction's batches and every later one counted failed and left in flight).
 
-        A full batch is a transaction of its own (`flush_batch_size` is the rows a
-        transaction takes); smaller ones, the many-sockets case, share one until
-        they add up to a full batch. With 16 busy source threads each wait on the
+        Batches share a transaction while their total stays within `flush_batch_size`
+        (the most rows a transaction takes): many accounts with a few messages each,
+        the many-sockets case, cost one commit. With 16 busy source threads each wait on the
         database or Redis cost the flusher thread 60-370 ms to win the interpreter
         lock back (measured), so one commit per account made it fall behind.
         """
