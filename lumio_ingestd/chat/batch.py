@@ -50,8 +50,16 @@ class BatchDeferred(Exception):
 @dataclass(frozen=True)
 class BatchOutcome:
     stored: int  # messages of the batch now in the database (new or already there)
-    inserted: int  # rows this batch newly inserted
     quarantined: int
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One account's batch, claimed into its in-flight list `inflight`."""
+
+    account: int
+    inflight: str
+    entries: Sequence[bytes]
 
 
 def store_batch(lists: ChatLists, pool: Pool, metrics: Metrics, *, account: int, inflight: str,
@@ -63,39 +71,72 @@ def store_batch(lists: ChatLists, pool: Pool, metrics: Metrics, *, account: int,
     (the batch stays in flight), and REDIS_ERRORS from the final step
     (committed but still in flight: the next try re-inserts nothing).
     """
-    rows: list[Row[bytes]] = []
-    quarantine: list[bytes] = []
-    for raw in entries:
-        if stageable(raw):  # PostgreSQL reads it; Python never decodes it
-            rows.append((raw, raw, True))
-            continue
-        try:
-            row, repaired = entry_row(raw)
-        except EntryError:
-            quarantine.append(quarantine_entry(raw, "undecodable", None))
-            continue
-        if repaired:  # an entry written by something that skipped the edge
-            metrics.chat_sanitized.inc()
-        rows.append((raw, row, False))
+    outcomes: list[BatchOutcome] = []
+    store_batches(lists, pool, metrics, [Claimed(account, inflight, entries)], deadline=deadline,
+                  finished=lambda _, outcome: outcomes.append(outcome), failpoint=failpoint, step=step)
+    return outcomes[0]
+
+
+def store_batches(lists: ChatLists, pool: Pool, metrics: Metrics, batches: Sequence[Claimed], *,
+                  deadline: float, finished: Callable[[Claimed, BatchOutcome], None],
+                  failpoint: Failpoint = no_failpoint, step: str = "chat.flush") -> None:
+    """`store_batch` for several accounts' batches at once: one transaction (one COPY)
+    for all of them, then each one's culprits quarantined and in-flight list deleted.
+
+    Many accounts with a few messages each (many sockets, a short flush
+    interval) cost one commit instead of one each, and the flusher thread one
+    wait on the database instead of one per account, each of which it had to
+    win the interpreter lock back from every source thread after. Poison
+    isolation splits the whole set; a culprit goes to its own account's
+    quarantine. All or nothing on a retryable failure: every batch stays in
+    flight (BatchDeferred). `finished` is called for each batch once its
+    in-flight list is gone (so a Redis error half-way, raised, leaves the
+    batches before it reported and the rest in flight, to be resumed).
+    """
+    rows: list[Row[tuple[int, bytes]]] = []
+    quarantine: list[list[bytes]] = [[] for _ in batches]
+    sent = [0] * len(batches)  # rows each batch sends to the database
+    for index, batch in enumerate(batches):
+        for raw in batch.entries:
+            if stageable(raw):  # PostgreSQL reads it; Python never decodes it
+                rows.append(((index, raw), raw, True))
+                sent[index] += 1
+                continue
+            try:
+                row, repaired = entry_row(raw)
+            except EntryError:
+                quarantine[index].append(quarantine_entry(raw, "undecodable", None))
+                continue
+            if repaired:  # an entry written by something that skipped the edge
+                metrics.chat_sanitized.inc()
+            rows.append(((index, raw), row, False))
+            sent[index] += 1
     try:
-        inserted, culprits = store_rows_isolating(pool, rows, deadline)
+        _, culprits = store_rows_isolating(pool, rows, deadline)
     except DB_ERRORS as exc:
         raise BatchDeferred(exc, classify(exc)) from exc
     failpoint(f"{step}.inserted")
-    for raw, verdict in culprits:
-        quarantine.append(quarantine_entry(raw, verdict.reason, verdict.sqlstate))
-    try:
-        lists.finish(inflight, rediskeys.chat_quarantine(account), quarantine)
-    except ClaimLost as exc:
-        # Another process with our instance id adopted the list: it finishes it
-        # (our insert was idempotent; its quarantine is its own).
-        log.error("chat: %s", exc)
-        return BatchOutcome(stored=len(rows) - len(culprits), inserted=inserted, quarantined=0)
+    for (index, raw), verdict in culprits:
+        quarantine[index].append(quarantine_entry(raw, verdict.reason, verdict.sqlstate))
+        sent[index] -= 1
+    results = lists.finish_many([(batch.inflight, rediskeys.chat_quarantine(batch.account),
+                                  quarantine[index]) for index, batch in enumerate(batches)])
+    error: Exception | None = None
+    for index, (batch, result) in enumerate(zip(batches, results, strict=True)):
+        if isinstance(result, ClaimLost):
+            # Another process with our instance id adopted the list: it finishes it
+            # (our insert was idempotent; its quarantine is its own).
+            log.error("chat: %s", result)
+            finished(batch, BatchOutcome(stored=sent[index], quarantined=0))
+        elif result is not None:
+            error = error or result  # committed, still in flight: the next try re-inserts nothing
+        else:
+            if quarantine[index]:
+                metrics.chat_quarantined.inc(len(quarantine[index]))
+            finished(batch, BatchOutcome(stored=sent[index], quarantined=len(quarantine[index])))
+    if error is not None:
+        raise error
     failpoint(f"{step}.deleted")
-    if quarantine:
-        metrics.chat_quarantined.inc(len(quarantine))
-    return BatchOutcome(stored=len(rows) - len(culprits), inserted=inserted,
-                        quarantined=len(quarantine))
 
 
 def record_db_failure(metrics: Metrics, outage: Outage, cause: BaseException, verdict: Classified) -> None:

@@ -8,10 +8,13 @@ in-flight list of ours:
 2. recover the in-flight lists of dead instances (no heartbeat) back into
    their buffers, so nothing a killed process had claimed stays stranded;
 3. resume our own in-flight batch if one is left from a failed try, else claim
-   up to `flush_batch_size` entries atomically from the buffer into it;
-4. insert the batch idempotently with poison isolation (`store.store_isolating`)
-   and, only after the commit, quarantine the culprits and delete the
-   in-flight list in one atomic step;
+   up to `flush_batch_size` entries atomically from the buffer into it (up to
+   `CLAIMS_PER_TRIP` accounts' claims in one pipelined round trip);
+4. insert the batch idempotently with poison isolation (`batch.store_batches`;
+   consecutive accounts' batches share a transaction while their total stays
+   within `flush_batch_size`, so a full batch is alone) and, only after the
+   commit, quarantine the culprits and delete the in-flight list in one atomic
+   step per account;
 5. on a retryable database failure keep the batch in flight and count the
    account's consecutive failures; after `max_flush_failures` move the batch to
    the account's dead-letter list (TTL `deadletter_ttl_hours`) and reset the count.
@@ -40,7 +43,6 @@ deleted so another replica recovers it at once.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable
@@ -54,16 +56,44 @@ from ..metrics import Metrics
 from ..outage import Outage, describe_redis_error
 from ..redisclient import REDIS_ERRORS
 from ..worker import STOP_GRACE_SECS, IntervalWorker
-from .batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
+from .batch import (
+    BatchDeferred,
+    BatchOutcome,
+    Claimed,
+    Failpoint,
+    no_failpoint,
+    record_db_failure,
+    store_batches,
+)
 from .lists import PROCESS_TOKEN, ChatKeys, ChatLists, Heartbeat, InstanceClaim, owner_instance
 
 log = logging.getLogger(__name__)
 
+#: Accounts claimed per round trip to Redis and stored per transaction. Bounded so
+#: that a round over many accounts with full buffers holds at most this many
+#: batches (`flush_batch_size` entries each) in memory.
+CLAIMS_PER_TRIP = 16
 
-class _Result(enum.Enum):
-    DONE = "done"  # nothing more waiting (as far as this claim could tell)
-    MORE = "more"  # a full batch was stored: more may wait
-    FAILED = "failed"  # the database failed; the batch stays in flight
+
+_Claim = tuple[Claimed, bool]  # a claimed batch, and whether it was resumed
+
+
+def transactions(claims: list[_Claim], batch_size: int) -> list[list[_Claim]]:
+    """The claimed batches cut into transactions, in account order: consecutive batches
+    share one while their total stays within `batch_size` (so a full batch is alone)."""
+    groups: list[list[_Claim]] = []
+    group: list[_Claim] = []
+    held = 0
+    for claim in claims:
+        size = len(claim[0].entries)
+        if group and held + size > batch_size:
+            groups.append(group)
+            group, held = [], 0
+        group.append(claim)
+        held += size
+    if group:
+        groups.append(group)
+    return groups
 
 
 def default_heartbeat_ttl(cfg: Config) -> float:
@@ -158,58 +188,100 @@ class ChatFlusher(IntervalWorker):
         db_failed = False
         while pending and not db_failed:
             more: list[int] = []
-            for account in pending:
+            for first in range(0, len(pending), CLAIMS_PER_TRIP):
                 if time.monotonic() >= budget_deadline or (self.stopping and not final):
                     self._backlog = not final and not self.stopping
                     return
                 self._heartbeat.beat()
-                batch_deadline = time.monotonic() + self.batch_timeout_secs
-                if final:
-                    batch_deadline = min(batch_deadline, budget_deadline)
-                result = self._flush_account(account, db_failed, batch_deadline)
-                if result is _Result.FAILED:
-                    db_failed = True
-                elif result is _Result.MORE:
-                    more.append(account)
+                claims = self._claim(pending[first:first + CLAIMS_PER_TRIP])
+                if db_failed:
+                    for claimed, _ in claims:
+                        self._failed(claimed.account, claimed.inflight)
+                elif claims:
+                    db_failed = not self._store_claims(claims, more, budget_deadline, final)
             pending = more
 
-    def _flush_account(self, account: int, skip_db: bool, deadline: float) -> _Result:
-        inflight = rediskeys.chat_inflight(account, self.instance)
+    def _claim(self, accounts: list[int]) -> list[_Claim]:
+        """The accounts' next batches, claimed in one round trip: (batch, whether it
+        was already in flight) for each account that had something waiting."""
+        inflights = [rediskeys.chat_inflight(account, self.instance) for account in accounts]
+        replies = self._lists.claim_many(
+            [(rediskeys.chat_buffer(account), inflight)
+             for account, inflight in zip(accounts, inflights, strict=True)],
+            self._cfg.chat.flush_batch_size)
+        claims: list[_Claim] = []
+        for account, inflight, (entries, resumed) in zip(accounts, inflights, replies, strict=True):
+            if not entries:
+                self.metrics.chat_flush_batches.labels("empty").inc()
+                continue
+            claims.append((Claimed(account, inflight, entries), resumed))
+        if claims:
+            self._failpoint("chat.flush.claimed")
+        return claims
+
+    def _store_claims(self, claims: list[_Claim], more: list[int],
+                      budget_deadline: float, final: bool) -> bool:
+        """Store one claim round trip's batches; False once the database failed (that
+        transaction's batches and every later one counted failed and left in flight).
+
+        Batches share a transaction while their total stays within `flush_batch_size`
+        (the most rows a transaction takes): many accounts with a few messages each,
+        the many-sockets case, cost one commit. With 16 busy source threads each wait on the
+        database or Redis cost the flusher thread 60-370 ms to win the interpreter
+        lock back (measured), so one commit per account made it fall behind.
+        """
+        groups = transactions(claims, self._cfg.chat.flush_batch_size)
+        for index, group in enumerate(groups):
+            if not self._store(group, more, budget_deadline, final):
+                for rest in groups[index + 1:]:
+                    for claimed, _ in rest:
+                        self._failed(claimed.account, claimed.inflight)
+                return False
+        return True
+
+    def _store(self, group: list[_Claim], more: list[int], budget_deadline: float,
+               final: bool) -> bool:
+        """Store the batches of `group` in one transaction (batch.store_batches); False when
+        the database failed (each of them counted failed and left in flight). Accounts
+        that may have more waiting (a full or a resumed batch) go to `more`."""
+        deadline = time.monotonic() + self.batch_timeout_secs
+        if final:
+            deadline = min(deadline, budget_deadline)
         batch_size = self._cfg.chat.flush_batch_size
-        entries, resumed = self._lists.claim(rediskeys.chat_buffer(account), inflight, batch_size)
-        if not entries:
-            self.metrics.chat_flush_batches.labels("empty").inc()
-            return _Result.DONE
-        self._failpoint("chat.flush.claimed")
-        if skip_db:
-            return self._failed(account, inflight)
+        resumed = {claimed.account for claimed, was_resumed in group if was_resumed}
+
+        def finished(claimed: Claimed, outcome: BatchOutcome) -> None:
+            self._account_failures.pop(claimed.account, None)
+            self.metrics.chat_flush_batches.labels("ok").inc()
+            self.metrics.chat_messages_flushed.inc(outcome.stored)
+            # A resumed batch says nothing about the buffer behind it: look again.
+            if claimed.account in resumed or len(claimed.entries) >= batch_size:
+                more.append(claimed.account)
+
         try:
-            outcome = store_batch(self._lists, self._pool, self.metrics, account=account,
-                                  inflight=inflight, entries=entries, deadline=deadline,
-                                  failpoint=self._failpoint, step="chat.flush")
+            store_batches(self._lists, self._pool, self.metrics, [c for c, _ in group],
+                          deadline=deadline, finished=finished, failpoint=self._failpoint,
+                          step="chat.flush")
         except BatchDeferred as deferred:
             record_db_failure(self.metrics, self._db, deferred.cause, deferred.verdict)
-            return self._failed(account, inflight)
+            for claimed, _ in group:
+                self._failed(claimed.account, claimed.inflight)
+            return False
         self._db.ok()
-        self._account_failures.pop(account, None)
-        self.metrics.chat_flush_batches.labels("ok").inc()
-        self.metrics.chat_messages_flushed.inc(outcome.stored)
-        # A resumed batch says nothing about the buffer behind it: look again.
-        return _Result.MORE if resumed or len(entries) >= batch_size else _Result.DONE
+        return True
 
-    def _failed(self, account: int, inflight: str) -> _Result:
+    def _failed(self, account: int, inflight: str) -> None:
         self.metrics.chat_flush_batches.labels("failed").inc()
         failures = self._account_failures.get(account, 0) + 1
         if failures < self._cfg.chat.max_flush_failures:
             self._account_failures[account] = failures
-            return _Result.FAILED
+            return
         moved = self._lists.move_all(inflight, rediskeys.chat_deadletter(account),
                                      ttl_secs=self._cfg.chat.deadletter_ttl_hours * 3600.0)
         self._account_failures.pop(account, None)
         self.metrics.chat_flush_batches.labels("deadlettered").inc()
         log.warning("chat flush: account %d: %d messages moved to the dead-letter list after "
                     "%d failed flushes in a row", account, moved, failures)
-        return _Result.FAILED
 
     # -- recovery and gauges -------------------------------------------------
 

@@ -151,6 +151,16 @@ return 0
 """
 
 
+def _queue_eval(pipe: Any, script: str, keys: Sequence[str], args: Sequence[object]) -> None:
+    """Queue an EVAL on a pipeline, standalone or cluster.
+
+    EVAL, not EVALSHA: a cluster pipeline cannot load scripts (and refuses
+    `eval()`; `execute_command` routes it by its keys, which share the
+    account's hash tag); the server caches a script by its text anyway.
+    """
+    pipe.execute_command("EVAL", script, len(keys), *keys, *args)
+
+
 class ClaimLost(Exception):
     """An in-flight list is held under another process's claim token (same instance id)."""
 
@@ -177,8 +187,6 @@ class ChatLists:
         self.token = token
         #: Held by this process: lists under a dead incarnation's token are adopted.
         self.instance_claim = instance_claim
-        self._claim = client.register_script(_CLAIM)
-        self._finish = client.register_script(_FINISH)
         self._move_all = client.register_script(_MOVE_ALL)
 
     def scan(self, count: int = 1000) -> ChatKeys:
@@ -203,26 +211,68 @@ class ChatLists:
         Nothing (and an error logged) when the list is held under the token of
         another live process with the same instance id.
         """
+        return self.claim_many([(source, inflight)], limit)[0]
+
+    def claim_many(self, pairs: Sequence[tuple[str, str]], limit: int,
+                   ) -> list[tuple[list[bytes], bool]]:
+        """`claim` for several (source, in-flight list) pairs in one round trip.
+
+        A pipeline of EVALs (each claim is atomic on its own account's keys):
+        the flusher thread then waits on Redis once a round, not once an
+        account, and with many source threads each wait is a fight for the
+        interpreter lock.
+        """
+        if not pairs:
+            return []
         if self.instance_claim is not None and not self.instance_claim.held:
-            return [], False  # another live process runs as this instance (logged by the claim)
-        account, owner = rediskeys.account_of(inflight), rediskeys.instance_of_inflight(inflight)
-        adopt = self.instance_claim is not None and self.instance_claim.held
-        reply: Any = self._claim(keys=[source, inflight, rediskeys.chat_claims(account)],
-                                 args=[max(1, limit), owner, self.token, "1" if adopt else "0"])
-        if int(reply[0]) == 2:
-            log.error("chat: %s is held by another process running with the same instance id "
-                      "%r; left alone (give every replica its own [daemon] instance_id)",
-                      inflight, owner)
-            return [], False
-        return [bytes(e) for e in reply[1]], bool(reply[0])
+            return [([], False) for _ in pairs]  # another live process runs as this instance
+        adopt = "1" if self.instance_claim is not None and self.instance_claim.held else "0"
+        pipe = self.client.pipeline(transaction=False)
+        for source, inflight in pairs:
+            account, owner = rediskeys.account_of(inflight), rediskeys.instance_of_inflight(inflight)
+            _queue_eval(pipe, _CLAIM, (source, inflight, rediskeys.chat_claims(account)),
+                        (max(1, limit), owner, self.token, adopt))
+        claimed: list[tuple[list[bytes], bool]] = []
+        for (_, inflight), reply in zip(pairs, pipe.execute(), strict=True):
+            if int(reply[0]) == 2:
+                log.error("chat: %s is held by another process running with the same instance "
+                          "id %r; left alone (give every replica its own [daemon] instance_id)",
+                          inflight, rediskeys.instance_of_inflight(inflight))
+                claimed.append(([], False))
+                continue
+            claimed.append(([bytes(e) for e in reply[1]], bool(reply[0])))
+        return claimed
 
     def finish(self, inflight: str, quarantine: str, entries: Sequence[bytes]) -> None:
         """Quarantine `entries` and delete `inflight`; raises ClaimLost when it is not ours."""
-        account, owner = rediskeys.account_of(inflight), rediskeys.instance_of_inflight(inflight)
-        done: Any = self._finish(keys=[inflight, quarantine, rediskeys.chat_claims(account)],
-                                 args=[owner, self.token, *entries])
-        if int(done) < 0:
-            raise ClaimLost(f"{inflight} was adopted by another process with the same instance id")
+        error = self.finish_many([(inflight, quarantine, entries)])[0]
+        if error is not None:
+            raise error
+
+    def finish_many(self, batches: Sequence[tuple[str, str, Sequence[bytes]]],
+                    ) -> list[Exception | None]:
+        """`finish` for several (in-flight list, quarantine, entries) in one round trip.
+
+        Each is atomic on its own; one may fail while the others are done, so
+        the result says for each: None (done), ClaimLost, or the Redis error.
+        Raises REDIS_ERRORS only when the round trip itself failed (then any
+        of them may or may not be done: each is safe to finish again).
+        """
+        pipe = self.client.pipeline(transaction=False)
+        for inflight, quarantine, entries in batches:
+            account, owner = rediskeys.account_of(inflight), rediskeys.instance_of_inflight(inflight)
+            _queue_eval(pipe, _FINISH, (inflight, quarantine, rediskeys.chat_claims(account)),
+                        (owner, self.token, *entries))
+        results: list[Exception | None] = []
+        for (inflight, _, _), done in zip(batches, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(done, Exception):
+                results.append(done)
+            elif int(done) < 0:
+                results.append(ClaimLost(f"{inflight} was adopted by another process with the "
+                                         f"same instance id"))
+            else:
+                results.append(None)
+        return results
 
     def move_all(self, source: str, target: str, *, ttl_secs: float = 0.0,
                  only_if_no_ttl: bool = False, any_owner: bool = False) -> int:
