@@ -717,7 +717,7 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "by rendezvous hashing, and move them when one stops, dies or joins.",
        fields=("shard_index", "shard_count", "shard_auto")),
     _s("daemon", "accounts_dir", "/etc/lumio/accounts.d", _AbsPath(),
-       "Directory whose *.ini files may hold more [account.N] sections (and nothing else); "
+       "Directory whose .ini files may hold more [account.N] sections (and nothing else); "
        "a missing directory holds none. Read at start and again on SIGHUP, which starts, "
        "stops and restarts the sources of the accounts added, removed and changed."),
     _s("daemon", "spool_max_bytes", "1073741824", _Int(1),
