@@ -69,9 +69,9 @@ from .lists import PROCESS_TOKEN, ChatKeys, ChatLists, Heartbeat, InstanceClaim,
 
 log = logging.getLogger(__name__)
 
-#: Accounts claimed per round trip to Redis and stored per transaction. Bounded so
-#: that a round over many accounts with full buffers holds at most this many
-#: batches (`flush_batch_size` entries each) in memory.
+#: Accounts claimed per round trip to Redis. Bounded so that a round over many
+#: accounts with full buffers holds at most this many batches (`flush_batch_size`
+#: entries each) in memory.
 CLAIMS_PER_TRIP = 16
 
 
