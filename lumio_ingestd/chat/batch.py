@@ -50,7 +50,6 @@ class BatchDeferred(Exception):
 @dataclass(frozen=True)
 class BatchOutcome:
     stored: int  # messages of the batch now in the database (new or already there)
-    quarantined: int
 
 
 @dataclass(frozen=True)
@@ -127,13 +126,13 @@ def store_batches(lists: ChatLists, pool: Pool, metrics: Metrics, batches: Seque
             # Another process with our instance id adopted the list: it finishes it
             # (our insert was idempotent; its quarantine is its own).
             log.error("chat: %s", result)
-            finished(batch, BatchOutcome(stored=sent[index], quarantined=0))
+            finished(batch, BatchOutcome(stored=sent[index]))
         elif result is not None:
             error = error or result  # committed, still in flight: the next try re-inserts nothing
         else:
             if quarantine[index]:
                 metrics.chat_quarantined.inc(len(quarantine[index]))
-            finished(batch, BatchOutcome(stored=sent[index], quarantined=len(quarantine[index])))
+            finished(batch, BatchOutcome(stored=sent[index]))
     if error is not None:
         raise error
     failpoint(f"{step}.deleted")
