@@ -127,6 +127,24 @@ class StatusRig:
         return self.rows("SELECT account_id, platform, ts, viewers_avg, viewers_max, samples, title, "
                          "category FROM stream_stats ORDER BY account_id, ts")
 
+    def stats_per_stream(self) -> dict[tuple[int, str], tuple[float, int, int, Any, Any]]:
+        """(average, maximum, samples, title, category) per (account, platform), over minutes.
+
+        A test's poll rounds can straddle a minute boundary, splitting one
+        stream's samples over two windows; merged the way the upsert merges
+        (average weighted by samples, the later title and category).
+        """
+        merged: dict[tuple[int, str], tuple[float, int, int, Any, Any]] = {}
+        for account, platform, _, avg, top, samples, title, category in self.stats_rows():
+            key = (account, platform)
+            if key in merged:
+                a, m, n, t, c = merged[key]
+                avg = (a * n + avg * samples) / (n + samples)
+                top, samples = max(m, top), n + samples
+                title, category = title or t, category or c
+            merged[key] = (avg, top, samples, title, category)
+        return merged
+
 
 def db_rows(pg_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     conn = psycopg2.connect(pg_url, connect_timeout=5)

@@ -146,7 +146,7 @@ def test_a_401_renews_the_app_token_once_and_the_round_goes_on(
     assert fake.app_token_grants == 2
     assert rig.value("source_status_poll_errors_total", platform="twitch", reason="status") == 0
     rig.stats.flush_all()
-    assert [r[5] for r in rig.stats_rows()] == [2]
+    assert [s[2] for s in rig.stats_per_stream().values()] == [2]
 
 
 def test_the_rate_limit_headers_are_honoured_before_twitch_has_to_refuse(
@@ -178,7 +178,8 @@ def test_a_malformed_item_is_refused_alone_and_its_account_is_not_taken_for_offl
     assert rig.events_of("stream.offline") == []  # unsure is not offline
     assert [s[2] for s in rig.sessions_of(43)] == [None]
     rig.stats.flush_all()
-    assert {(r[0], r[5]) for r in rig.stats_rows()} == {(42, 4), (43, 1)}  # the good item counted
+    samples = {a: s[2] for (a, _), s in rig.stats_per_stream().items()}
+    assert samples == {42: 4, 43: 1}  # the good item counted
 
 
 def test_a_hanging_api_delays_the_other_by_its_timeout_at_most_and_a_stop_cuts_it(

@@ -83,8 +83,8 @@ def test_a_kick_stream_seen_only_by_polling_is_opened_and_closed_one_row_each(
     assert [e for _, e, _ in rig.events_of("stream.offline")] == [f"offline:{key}"]
     assert livestreams_requests(kick) == [200, 200, 200, 200]
     rig.stats.flush_all()
-    assert [(r[1], r[3], r[4], r[5], r[6], r[7]) for r in rig.stats_rows()] == [
-        ("kick", 60.0, 70, 2, "hello", "Just Chatting")]
+    assert list(rig.stats_per_stream().items()) == [
+        ((ACCOUNT, "kick"), (60.0, 70, 2, "hello", "Just Chatting"))]
 
 
 def _webhook_status(rig: StatusRig, body: dict[str, Any]) -> None:
