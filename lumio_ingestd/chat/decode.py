@@ -49,8 +49,6 @@ from ..model import (
 from .store import NEEDS_REPAIR, encode_fields, encode_row
 
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
-# The string columns after created_at that copy_line takes as they are.
-_COPIED = ("user_id", "user_login", "display_name", "text")
 _EXTRAS_KEY = b',"extras":'
 
 _MAX_PLATFORM = 32  # ChatMessage.create caps the platform name at 32
@@ -107,37 +105,34 @@ def copy_line(raw: bytes) -> bytes | None:
     """
     try:
         obj = fastjson.loads_orjson(raw)
-    except ValueError:
-        return None
-    if type(obj) is not dict:
-        return None
-    account, platform, message_id, created = (
-        obj.get("account_id"), obj.get("platform"), obj.get("message_id"), obj.get("created_at"))
-    if (type(account) is not int or type(platform) is not str or type(message_id) is not str
-            or type(created) is not str or _TIME.fullmatch(created) is None):
+        account, created, extras = obj["account_id"], obj["created_at"], obj.get("extras")
+        get = obj.get
+        values: tuple[Any, ...] = (obj["platform"], obj["message_id"], get("user_id"),
+                                   get("user_login"), get("display_name"), get("text"))
+    except (ValueError, TypeError, KeyError, AttributeError):  # not JSON, not an object, a key missing
         return None  # PostgreSQL words the refusal (or casts, as jsonb_to_record does)
-    fields = [str(account), platform, message_id, created[:-1] + "+00:00"]
-    for name in _COPIED:
-        value = obj.get(name)
-        if value is None:
-            value = ""  # the staging's coalesce(..., '')
-        elif type(value) is not str:
-            return None
-        fields.append(value)
-    extras = obj.get("extras")
+    if type(account) is not int or type(created) is not str or _TIME.fullmatch(created) is None:
+        return None
+    if None in values:
+        values = tuple("" if v is None else v for v in values)  # the staging's coalesce(..., '')
     if extras is None:
-        fields.append("{}")
+        text = "{}"
     elif type(extras) is dict:
         start = raw.find(_EXTRAS_KEY)
-        text = raw[start + len(_EXTRAS_KEY):-1]
+        sliced = raw[start + len(_EXTRAS_KEY):-1]
         # Parses only if it is the top-level value: a key nested deeper would
         # leave its containers' closing brackets unbalanced in the slice.
-        if start < 0 or not raw.endswith(b"}") or not _parses(text):
+        if start < 0 or not raw.endswith(b"}") or not _parses(sliced):
             return None
-        fields.append(text.decode("utf-8"))
+        text = sliced.decode("utf-8")
     else:
         return None
-    return encode_fields(tuple(fields))
+    platform, message_id, user_id, user_login, display_name, body = values
+    try:  # a value of another type than str (a number, a list): joining it raises
+        return encode_fields((str(account), platform, message_id, created[:-1] + "+00:00", user_id,
+                              user_login, display_name, body, text))
+    except TypeError:
+        return None
 
 
 def _parses(text: bytes) -> bool:
