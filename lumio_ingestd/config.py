@@ -711,7 +711,8 @@ SCHEMA: Final[tuple[Setting, ...]] = (
     # [daemon]
     _s("daemon", "instance_id", "", _InstanceId(),
        "Name of this process in Redis (in-flight lists, heartbeats); unique among "
-       "running processes. Empty = HOSTNAME:PID."),
+       "running processes, not ending in .dl or .f and a number (the names of its "
+       "workers' lists). Empty = HOSTNAME:PID."),
     _s("daemon", "state_dir", "/var/lib/lumio-ingestd", _AbsPath(),
        "Directory of the local spool, the cursors and the quarantine files; an absolute path."),
     _s("daemon", "log_level", "info", _Choice(("debug", "info", "warning", "error")),
