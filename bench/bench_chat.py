@@ -12,7 +12,7 @@ same run:
   straight into the table under a savepoint), rows prepared beforehand;
 - end to end: messages added one by one to a `ChatQueue` (as a source does),
   handed to `ChatIngest.persist_batch` (pipelined RPUSH), claimed and stored by
-  a running `ChatFlusher`; the clock stops when the flusher has committed the
+  the running flush threads; the clock stops when they have committed the
   last message.
 
 The table is truncated before every measurement. Prints a table and writes
@@ -36,7 +36,7 @@ from typing import Any
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
 from harness.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
-from lumio_ingestd.chat.flusher import ChatFlusher  # noqa: E402
+from lumio_ingestd.chat.flusher import flush_threads  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.chat.store import encode_row, insert_encoded  # noqa: E402
 from lumio_ingestd.config import load  # noqa: E402
@@ -136,8 +136,9 @@ def end_to_end(pg: PostgresServer, cfg: Any, pool: Pool, msgs: list[ChatMessage]
     metrics = Metrics()
     ingest = ChatIngest(client, pool, None, metrics, cfg)
     queue = ChatQueue(ingest, metrics)
-    flusher = ChatFlusher(client, pool, metrics, cfg, name="bench-flush")
-    flusher.start()
+    flushers = flush_threads(client, pool, metrics, cfg)
+    for flusher in flushers:
+        flusher.start()
     try:
         started = time.perf_counter()
         for msg in msgs:
@@ -151,8 +152,10 @@ def end_to_end(pg: PostgresServer, cfg: Any, pool: Pool, msgs: list[ChatMessage]
             raise RuntimeError("the flusher did not store every message")
         elapsed = time.perf_counter() - started
     finally:
-        flusher.request_stop()
-        flusher.join(30)
+        for flusher in flushers:
+            flusher.request_stop()
+        for flusher in flushers:
+            flusher.join(30)
         client.close()
     check_stored(pg, len(msgs))
     paths = {p: metrics.registry.get_sample_value("chat_messages_total", {"path": p}) or 0

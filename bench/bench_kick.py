@@ -5,7 +5,7 @@
 Starts a private PostgreSQL and Redis (lumio_ingestd.devservers) and the
 stand-in Kick's Pusher server in a process of its own
 (bench/kick_standin_server.py). A real `KickSource` subscribes to it, with
-the real `ChatQueue`, `ChatIngest` and a running `ChatFlusher` (every 0.2 s).
+the real `ChatQueue`, `ChatIngest` and the running flush threads (every 0.2 s).
 Each run:
 
 - end to end: the stand-in sends N `ChatMessageEvent` frames (string-encoded
@@ -35,7 +35,7 @@ from _child import JsonLinesChild  # noqa: E402
 from _paths import ROOT, write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, truncate  # noqa: E402
 
-from lumio_ingestd.chat.flusher import ChatFlusher  # noqa: E402
+from lumio_ingestd.chat.flusher import flush_threads  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.config import load  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
@@ -92,8 +92,9 @@ def run(messages: int = 20_000, runs: int = 3) -> dict[str, Any]:
             source = KickSource(cfg.accounts[0], cfg.kick, chat_queue=ChatQueue(chat, metrics),
                                 sink=EventSink(events.persist_event, alerts=None, sessions=None),
                                 metrics=metrics)
-            flusher = ChatFlusher(client, pool, metrics, cfg)
-            flusher.start()
+            flushers = flush_threads(client, pool, metrics, cfg)
+            for flusher in flushers:
+                flusher.start()
             source.start()
             try:
                 if not standin.call("wait_subscribed", channel=f"chatrooms.{CHATROOM}.v2", timeout=30)["ok"]:
@@ -123,9 +124,11 @@ def run(messages: int = 20_000, runs: int = 3) -> dict[str, Any]:
                           f"parse {per_run[-1]['parse']:,.0f}/s", file=sys.stderr, flush=True)
             finally:
                 source.request_stop()
-                flusher.request_stop()
+                for flusher in flushers:
+                    flusher.request_stop()
                 source.join(10)
-                flusher.join(10)
+                for flusher in flushers:
+                    flusher.join(10)
                 pool.close()
                 client.close()
         finally:

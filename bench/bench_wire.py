@@ -40,7 +40,7 @@ from bench_chat import check_stored, raw_copy, truncate  # noqa: E402
 from standin_server import StandinProcess  # noqa: E402
 
 from lumio_ingestd import gcpolicy  # noqa: E402
-from lumio_ingestd.chat.flusher import ChatFlusher  # noqa: E402
+from lumio_ingestd.chat.flusher import flush_threads  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.config import Config, TimescaleConfig, load  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
@@ -92,8 +92,8 @@ class Pipeline:
     """Chat from Twitch sockets to committed rows, made as `app.build` makes it.
 
     `build_twitch` gives one `TwitchSource` per account of this config's
-    shard, each with a `ChatQueue` of its own over the one `ChatIngest`; one
-    `ChatFlusher` covers the shard's accounts. No spool (the servers stay up),
+    shard, each with a `ChatQueue` of its own over the one `ChatIngest`; the
+    `flush_threads` cover the shard's accounts. No spool (the servers stay up),
     no alerts. Nothing runs until `start()`.
     """
 
@@ -108,13 +108,14 @@ class Pipeline:
                               chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
                               persist_event=events.persist_event, alerts=None)
         self.sources = twitch.sources
-        self.flusher = ChatFlusher(client, pool, metrics, cfg)
+        self.flushers = flush_threads(client, pool, metrics, cfg)
         self.broadcasters = [a.twitch_user_id for a in cfg.accounts
                              if a.twitch_user_id is not None and cfg.owns(a.account_id)]
 
     def start(self) -> None:
         gcpolicy.apply()  # as the daemon does once it is built (`lumio-ingestd run`)
-        self.flusher.start()
+        for flusher in self.flushers:
+            flusher.start()
         for source in self.sources:
             source.start()
 
@@ -134,10 +135,12 @@ class Pipeline:
     def close(self) -> None:
         for source in self.sources:
             source.request_stop()
-        self.flusher.request_stop()
+        for flusher in self.flushers:
+            flusher.request_stop()
         for source in self.sources:
             source.join(10)
-        self.flusher.join(10)
+        for flusher in self.flushers:
+            flusher.join(10)
         self.pool.close()
         self.client.close()
 

@@ -68,7 +68,7 @@ def _cpu() -> dict[str, float]:
 
     Read from /proc/self/task/TID/stat for each live Python thread (the
     kernel's names are all "python" before 3.14, so the Python names decide):
-    "sources" (every source-* thread), "flusher" (chat-flush), "other".
+    "sources" (every source-* thread), "flusher" (chat-flush, chat-flush-N), "other".
     """
     times = os.times()
     out = {"process": times.user + times.system, "sources": 0.0, "flusher": 0.0, "other": 0.0}
@@ -81,7 +81,7 @@ def _cpu() -> dict[str, float]:
         fields = stat.rpartition(")")[2].split()
         secs = (int(fields[11]) + int(fields[12])) / tick  # utime, stime: fields 14 and 15
         role = ("sources" if thread.name.startswith("source-") else
-                "flusher" if thread.name == "chat-flush" else "other")
+                "flusher" if thread.name.startswith("chat-flush") else "other")
         out[role] += secs
     return out
 

@@ -2,7 +2,7 @@
 
 `build()` is the one place where the daemon's parts are made and wired: the
 spool, the Redis client and the database pool, chat and event ingest, the
-sources, the timer workers, the chat flusher and the HTTP routes. `App` runs
+sources, the timer workers, the chat flush threads and the HTTP routes. `App` runs
 them: it installs the signal queue, builds, binds the HTTP and metrics
 listeners, starts every worker, tells systemd READY=1, and then the main
 thread supervises. It restarts a worker whose thread died (with backoff),
@@ -14,8 +14,8 @@ SIGTERM or SIGINT runs the shutdown chain of seed 000:
 2. at the same time the sources and the timer workers are cancelled; the
    sources get 5 s, each handing what it holds in memory to Redis (or the
    database, or the spool) before it reports stopped;
-3. the chat flusher is cancelled last (after the sources and the HTTP
-   requests) and runs one final flush, bounded to 3 s;
+3. the chat flush threads are cancelled last (after the sources and the HTTP
+   requests) and each runs one final flush, bounded to 3 s, side by side;
 4. the drain leases are released and everything is closed.
 
 All of it inside `[daemon] shutdown_timeout_secs` (8 s); a second stop signal
@@ -98,7 +98,7 @@ class Parts:
 
     sources: list[Worker] = field(default_factory=list)
     timers: list[Worker] = field(default_factory=list)
-    flusher: Worker | None = None
+    flushers: list[Worker] = field(default_factory=list)
     routes: Routes = field(default_factory=Routes)
     probe: ReadinessProbe | None = None
     #: The account-dependent workers and routes, which SIGHUP reconciles (reconcile.py).
@@ -149,7 +149,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from . import rediskeys
     from .alerts import STREAM_PATH, AlertPublisher, stream_handler
     from .chat.deadletter import ChatDeadLetterDrain
-    from .chat.flusher import ChatFlusher, default_heartbeat_ttl
+    from .chat.flusher import default_heartbeat_ttl, flush_threads
     from .chat.ingest import ChatIngest, ChatQueue, chat_spool_handler
     from .db.pool import Pool
     from .emit import MAX_BODY_BYTES as EMIT_MAX_BODY
@@ -292,8 +292,9 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
                                                      metrics), max_body_bytes=EMIT_MAX_BODY)
     parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))
-    parts.flusher = ChatFlusher(client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
-                                owns=parts.membership.flushes if parts.membership is not None else None)
+    parts.flushers = list(flush_threads(
+        client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
+        owns=parts.membership.flushes if parts.membership is not None else None))
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
         EventRetryWorker(client, pool, metrics, cfg, records=records),
@@ -513,8 +514,8 @@ class App:
             sup.add(worker, Role.SOURCE)
         for worker in parts.timers:
             sup.add(worker, Role.TIMER)
-        if parts.flusher is not None:
-            sup.add(parts.flusher, Role.FLUSH)
+        for worker in parts.flushers:
+            sup.add(worker, Role.FLUSH)
         sup.add(self.http, Role.HTTP)
         if parts.probe is not None:
             sup.add(HealthProbe(parts.probe, self.metrics), Role.RUNTIME)

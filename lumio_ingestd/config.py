@@ -292,11 +292,17 @@ class _InstanceId(_Kind):
     # Printable ASCII without space and braces: it goes into Redis key names
     # after the {ACCOUNT} hash tag.
     pattern: re.Pattern[str] = re.compile(r"[!-z|~]{1,200}")
+    reserved: re.Pattern[str] = re.compile(r"\.(?:dl|f[1-9][0-9]?)$")
 
     def parse(self, raw: str, ctx: _Context) -> str:
         if not raw:
             return _default_instance_id()
         if self.pattern.fullmatch(raw):
+            if self.reserved.search(raw):
+                # chat/lists.py: "ID.dl" and "ID.fN" own the drain's and flush thread N's
+                # in-flight lists of instance ID; an instance so named would be taken for them.
+                raise _Invalid('expected an id not ending in ".dl" or ".f" and a number (they name '
+                              f"this instance's worker lists), {_got(raw)}")
             return raw
         raise _Invalid(
             "expected up to 200 printable ASCII characters without spaces or braces "
@@ -705,7 +711,8 @@ SCHEMA: Final[tuple[Setting, ...]] = (
     # [daemon]
     _s("daemon", "instance_id", "", _InstanceId(),
        "Name of this process in Redis (in-flight lists, heartbeats); unique among "
-       "running processes. Empty = HOSTNAME:PID."),
+       "running processes, not ending in .dl or .f and a number (the names of its "
+       "workers' lists). Empty = HOSTNAME:PID."),
     _s("daemon", "state_dir", "/var/lib/lumio-ingestd", _AbsPath(),
        "Directory of the local spool, the cursors and the quarantine files; an absolute path."),
     _s("daemon", "log_level", "info", _Choice(("debug", "info", "warning", "error")),
@@ -775,6 +782,11 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "How often the chat buffers in Redis are written to the database, in seconds."),
     _s("chat", "flush_batch_size", "1000", _Int(1),
        "Most chat messages written in one database batch."),
+    _s("chat", "flush_workers", "2", _Int(1, 16),
+       "Chat flush threads of this process. Each claims its own batches (its own "
+       "in-flight list per account), so while one waits on the database another "
+       "claims and writes the next: one busy account's backlog, or many sockets' "
+       "buffers, are written over that many connections of the pool at once."),
     _s("chat", "max_flush_failures", "5", _Int(1),
        "Failed flushes in a row after which an account's batch moves to its "
        "dead-letter list."),
@@ -1031,6 +1043,7 @@ class TimescaleConfig:
 class ChatConfig:
     flush_interval_secs: float = _default("chat", "flush_interval_secs")
     flush_batch_size: int = _default("chat", "flush_batch_size")
+    flush_workers: int = _default("chat", "flush_workers")
     max_flush_failures: int = _default("chat", "max_flush_failures")
     deadletter_ttl_hours: float = _default("chat", "deadletter_ttl_hours")
     deadletter_drain_interval_secs: float = _default("chat", "deadletter_drain_interval_secs")

@@ -91,6 +91,15 @@ def loads_finite(text: str) -> Any:
     return _FINITE_DECODER.decode(text)
 
 
+def loads_orjson(data: bytes) -> Any:
+    """orjson's parse alone, for a caller with a slower way of its own: raises ValueError
+    when orjson is not used or refuses `data`. Unlike `loads`, a number past 64 bits
+    comes back as a float (`json.loads` keeps it an int)."""
+    if _orjson is None:
+        raise ValueError("orjson is not used")
+    return _orjson.loads(data)
+
+
 def _dumps_std(obj: Any) -> bytes:
     return _ENCODER.encode(obj).encode()
 

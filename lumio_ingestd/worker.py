@@ -135,8 +135,9 @@ class Worker:
 class IntervalWorker(Worker):
     """Calls `tick()` every `interval_secs` (measured from the end of a turn)."""
 
-    def __init__(self, name: str, metrics: Metrics, interval_secs: float) -> None:
-        super().__init__(name, metrics)
+    def __init__(self, name: str, metrics: Metrics, interval_secs: float, *,
+                 role: str | None = None) -> None:
+        super().__init__(name, metrics, role=role)
         self.interval_secs = interval_secs
 
     def tick(self) -> None:

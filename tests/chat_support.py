@@ -24,7 +24,7 @@ import redis
 
 from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.deadletter import ChatDeadLetterDrain
-from lumio_ingestd.chat.flusher import ChatFlusher
+from lumio_ingestd.chat.flusher import ChatFlusher, flush_threads
 from lumio_ingestd.chat.ingest import ChatIngest
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
@@ -90,6 +90,12 @@ class ChatRig:
         flusher = ChatFlusher(self.client, self.pool, metrics or self.metrics, self.cfg, **kwargs)
         self._closers.append(flusher)
         return flusher
+
+    def flush_threads(self, **kwargs: Any) -> list[ChatFlusher]:
+        """The daemon's flush threads (`[chat] flush_workers` of them, within the pool)."""
+        threads = flush_threads(self.client, self.pool, self.metrics, self.cfg, **kwargs)
+        self._closers += threads
+        return threads
 
     def drain(self, *, metrics: Metrics | None = None, **kwargs: Any) -> ChatDeadLetterDrain:
         drain = ChatDeadLetterDrain(self.client, self.pool, metrics or self.metrics, self.cfg, **kwargs)

@@ -105,7 +105,7 @@ EXPECTED_DEFAULTS: dict[str, dict[str, object]] = {
         "migration_retries": 12, "migration_retry_interval_secs": 5.0,
     },
     "chat": {
-        "flush_interval_secs": 5.0, "flush_batch_size": 1000, "max_flush_failures": 5,
+        "flush_interval_secs": 5.0, "flush_batch_size": 1000, "flush_workers": 2, "max_flush_failures": 5,
         "deadletter_ttl_hours": 72.0, "deadletter_drain_interval_secs": 60.0, "retention_days": 30,
     },
     "events": {"insert_timeout_secs": 3.0, "retry_interval_secs": 30.0, "retention_days": 365},
@@ -392,6 +392,13 @@ BAD_VALUES = [
     ("daemon", "state_dir", "var/lib/x", "absolute path"),
     ("daemon", "instance_id", "has space", "without spaces"),
     ("daemon", "instance_id", "a{b}", "braces"),
+    # The drain's and flush thread N's in-flight owners (chat/lists.py): taken for them.
+    ("daemon", "instance_id", "web-1.dl",
+     'expected an id not ending in ".dl" or ".f" and a number (they name this instance\'s worker '
+     'lists), got "web-1.dl"'),
+    ("daemon", "instance_id", "web-1.f3", 'worker lists), got "web-1.f3"'),
+    ("chat", "flush_workers", "0", 'expected a whole number from 1 to 16, got "0"'),
+    ("chat", "flush_workers", "17", 'expected a whole number from 1 to 16, got "17"'),
     ("redis", "url", "http://127.0.0.1:6379/0", "redis://, rediss:// or unix://"),
     ("redis", "url", "redis://127.0.0.1:port/0", "redis://"),
     ("redis", "url", "redis://127.0.0.1:6379/zero", "database number"),

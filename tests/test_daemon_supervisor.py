@@ -325,7 +325,7 @@ def test_shutdown_order_http_requests_then_streams_sources_then_flush(
         made["source"] = SlowFinal("source-slow", metrics, 0.3)
         made["timer"] = Ticker("timer", metrics)
         made["flush"] = Ticker("chat-flush", metrics)
-        parts = Parts(sources=[made["source"]], timers=[made["timer"]], flusher=made["flush"])
+        parts = Parts(sources=[made["source"]], timers=[made["timer"]], flushers=[made["flush"]])
         parts.routes.add("GET", "/slow", slow)
         parts.routes.add("GET", "/stream", stream)
         return parts
@@ -382,7 +382,7 @@ def test_a_source_that_overruns_is_reported_and_the_flush_still_runs(
     def builder(cfg: Config, metrics: Metrics) -> Parts:
         made["source"] = SlowFinal("source-stuck", metrics, 1.5)
         made["flush"] = Ticker("chat-flush", metrics)
-        return Parts(sources=[made["source"]], flusher=made["flush"])
+        return Parts(sources=[made["source"]], flushers=[made["flush"]])
 
     app = App(_config(tmp_path, shutdown_timeout_secs=3), {}, builder=builder)
     def driver(stop: Callable[[], None]) -> None:

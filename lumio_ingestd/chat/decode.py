@@ -16,7 +16,14 @@ shortcut only when it can prove that from the bytes and a few cheap checks:
 Anything else (another version, a hand-built entry, a value that needs
 repair) goes through `ChatMessage.from_entry` unchanged, so the result is
 always the one `from_entry` gives (or EntryError where from_entry lets another
-exception out for a malformed entry). Nothing durable lives here.
+exception out for a malformed entry).
+
+`copy_line` is for the entries the flusher would otherwise hand to PostgreSQL
+unread (`store.stageable`): with orjson, parsing one in Python and COPYing the
+line straight into `chat_messages` costs ~4 us here against ~16 us more of
+PostgreSQL's CPU for the jsonb staging (measured per row: 28 against 12), and
+two cores are shared by both. It gives the line only where the row is provably
+the one the staging would store, else None. Nothing durable lives here.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from ..model import (
 from .store import NEEDS_REPAIR, encode_fields, encode_row
 
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+_EXTRAS_KEY = b',"extras":'
+
 _MAX_PLATFORM = 32  # ChatMessage.create caps the platform name at 32
 _SHORT_EXTRAS = min(MAX_NAME, MAX_JSON_STRING)
 # As store.extras_json writes extras, but refusing NaN and infinities.
@@ -83,6 +92,55 @@ def entry_row(raw: bytes) -> tuple[bytes, bool]:
         obj.get("user_id", ""), obj.get("user_login", ""), obj.get("display_name", ""),
         obj.get("text", ""), extras,
     )), False
+
+
+def copy_line(raw: bytes) -> bytes | None:
+    """The COPY line of a `stageable` entry, the row exactly as `store.insert_entries`
+    would store it; None (PostgreSQL then reads the entry) without orjson, and for any
+    entry not in the shape `to_entry` writes.
+
+    `extras` goes in as its own text, sliced from the entry (the last key
+    `to_entry` writes): re-encoding it could change a number (0.10, 1e-400,
+    an int past 64 bits), which jsonb keeps as written.
+    """
+    try:
+        obj = fastjson.loads_orjson(raw)
+        account, created, extras = obj["account_id"], obj["created_at"], obj.get("extras")
+        get = obj.get
+        values: tuple[Any, ...] = (obj["platform"], obj["message_id"], get("user_id"),
+                                   get("user_login"), get("display_name"), get("text"))
+    except (ValueError, TypeError, KeyError, AttributeError):  # not JSON, not an object, a key missing
+        return None  # PostgreSQL words the refusal (or casts, as jsonb_to_record does)
+    if type(account) is not int or type(created) is not str or _TIME.fullmatch(created) is None:
+        return None
+    if None in values:
+        values = tuple("" if v is None else v for v in values)  # the staging's coalesce(..., '')
+    if extras is None:
+        text = "{}"
+    elif type(extras) is dict:
+        start = raw.find(_EXTRAS_KEY)
+        sliced = raw[start + len(_EXTRAS_KEY):-1]
+        # Parses only if it is the top-level value: a key nested deeper would
+        # leave its containers' closing brackets unbalanced in the slice.
+        if start < 0 or not raw.endswith(b"}") or not _parses(sliced):
+            return None
+        text = sliced.decode("utf-8")
+    else:
+        return None
+    platform, message_id, user_id, user_login, display_name, body = values
+    try:  # a value of another type than str (a number, a list): joining it raises
+        return encode_fields((str(account), platform, message_id, created[:-1] + "+00:00", user_id,
+                              user_login, display_name, body, text))
+    except TypeError:
+        return None
+
+
+def _parses(text: bytes) -> bool:
+    try:
+        fastjson.loads_orjson(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _from_entry(raw: bytes) -> ChatMessage:

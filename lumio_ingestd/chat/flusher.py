@@ -29,8 +29,20 @@ counted as failed too. So "N failed flushes" means N passes in a row that
 could not store the account's batch, and a black-holed database costs one
 timeout per pass, not one per account.
 
-Two flushers on the same account (a shard misconfiguration, a rolling
-deploy) claim disjoint batches, so nothing is stored twice or lost. A flusher
+A process runs `[chat] flush_workers` of these threads (`flush_threads`), at
+most one fewer than the pool's connections. Each claims into its own
+in-flight list per account (`lists.lane_owner`: the instance id, then
+`INSTANCE.f1`, ...), so they take disjoint batches of the same accounts: while
+one waits on the database, another claims and stores the next. One thread
+could not keep up with one busy socket (measured: ~52 ms per 1,000-row batch,
+40 of them waiting on the database), nor with 16 sockets, whose source threads
+win the interpreter lock from it after each of its waits. The first thread
+(lane 0) also puts back the in-flight lists of lanes this process no longer
+runs (`flush_workers` lowered across a restart) and sets the depth gauges; the
+last one to stop deletes the heartbeat.
+
+Two flushers on the same account (several lanes, a shard misconfiguration, a
+rolling deploy) claim disjoint batches, so nothing is stored twice or lost. A flusher
 whose heartbeat lapsed while it was alive only causes a repeat insert, which
 the idempotent insert absorbs.
 
@@ -44,8 +56,10 @@ deleted so another replica recovers it at once.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -65,7 +79,16 @@ from .batch import (
     record_db_failure,
     store_batches,
 )
-from .lists import PROCESS_TOKEN, ChatKeys, ChatLists, Heartbeat, InstanceClaim, owner_instance
+from .lists import (
+    PROCESS_TOKEN,
+    ChatKeys,
+    ChatLists,
+    Heartbeat,
+    InstanceClaim,
+    lane_owner,
+    owner_instance,
+    owner_lane,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +124,58 @@ def default_heartbeat_ttl(cfg: Config) -> float:
     return max(15.0, 3.0 * cfg.chat.flush_interval_secs)
 
 
+def flush_lanes(cfg: Config) -> int:
+    """How many flush threads run: `flush_workers`, leaving the pool one connection
+    for everything else (a live event's insert must not wait for a flush)."""
+    return max(1, min(cfg.chat.flush_workers, cfg.timescale.pool_size - 1))
+
+
+class _Lanes:
+    """The flush threads of one process, for the one decision they share: the last
+    to stop deletes the instance's heartbeat (earlier, another replica could
+    recover a batch the others are still storing; harmless, but a repeat)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._stopped: set[int] = set()
+        self._lock = threading.Lock()
+
+    def stopped(self, lane: int) -> bool:
+        """Lane `lane` ran its final pass; True when it was the last one."""
+        with self._lock:
+            self._stopped.add(lane)
+            return len(self._stopped) == self.count
+
+
+def flush_threads(client: redis.Redis, pool: Pool, metrics: Metrics, cfg: Config,
+                  **kwargs: Any) -> list[ChatFlusher]:
+    """The process's chat flush threads (`flush_lanes(cfg)` of them); `kwargs` as for
+    `ChatFlusher`. Thread 0 is named "chat-flush", thread N "chat-flush-N"."""
+    count = flush_lanes(cfg)
+    if count < cfg.chat.flush_workers:
+        log.info("chat flush: %d thread(s), not the %d of flush_workers: the pool's %d "
+                 "connection(s) keep one for everything else", count, cfg.chat.flush_workers,
+                 cfg.timescale.pool_size)
+    lanes = _Lanes(count)
+    return [ChatFlusher(client, pool, metrics, cfg, lane=lane, lanes=lanes,
+                        name="chat-flush" if lane == 0 else f"chat-flush-{lane}", **kwargs)
+            for lane in range(count)]
+
+
 class ChatFlusher(IntervalWorker):
     def __init__(self, client: redis.Redis, pool: Pool, metrics: Metrics, cfg: Config, *,
                  instance: str | None = None, heartbeat_ttl_secs: float | None = None,
                  final_budget_secs: float = 3.0, batch_timeout_secs: float = 10.0,
                  pass_budget_secs: float = 10.0, failpoint: Failpoint = no_failpoint,
                  claim_token: str = PROCESS_TOKEN, name: str = "chat-flush",
-                 owns: Callable[[int], bool] | None = None) -> None:
-        super().__init__(name, metrics, cfg.chat.flush_interval_secs)
+                 owns: Callable[[int], bool] | None = None, lane: int = 0,
+                 lanes: _Lanes | None = None) -> None:
+        super().__init__(name, metrics, cfg.chat.flush_interval_secs, role="chat-flush")
         self.instance = instance or cfg.daemon.instance_id
+        self.lane = lane
+        #: Whose in-flight lists this thread claims into and resumes (`lists.lane_owner`).
+        self.owner = lane_owner(self.instance, lane)
+        self._lanes = lanes or _Lanes(1)
         self.final_budget_secs = final_budget_secs
         self.batch_timeout_secs = batch_timeout_secs
         self.pass_budget_secs = pass_budget_secs
@@ -145,6 +211,8 @@ class ChatFlusher(IntervalWorker):
     def final(self) -> None:
         """One last pass bounded to `final_budget_secs`; the rest stays in Redis."""
         self._pass(time.monotonic() + self.final_budget_secs, final=True)
+        if not self._lanes.stopped(self.lane):
+            return  # another lane still writes: the heartbeat must cover its batches
         try:
             self._heartbeat.stop()
         except REDIS_ERRORS as exc:  # it expires by itself
@@ -169,7 +237,8 @@ class ChatFlusher(IntervalWorker):
             keys = self._lists.scan()
             self._recover_orphans(keys)
             self._flush_accounts(keys, budget_deadline, final)
-            self._update_gauges(keys)
+            if self.lane == 0:  # one lane is enough: each would count the same lists
+                self._update_gauges(keys)
             self._redis.ok()
         except REDIS_ERRORS as exc:
             # Claimed batches stay in flight and are resumed by the next pass.
@@ -180,7 +249,7 @@ class ChatFlusher(IntervalWorker):
 
     def _accounts(self, keys: ChatKeys) -> list[int]:
         accounts = {a for a in keys.buffers if self.owns(a)}
-        accounts.update(a for a, owner, _ in keys.inflight if owner == self.instance and self.owns(a))
+        accounts.update(a for a, owner, _ in keys.inflight if owner == self.owner and self.owns(a))
         return sorted(accounts)
 
     def _flush_accounts(self, keys: ChatKeys, budget_deadline: float, final: bool) -> None:
@@ -204,7 +273,7 @@ class ChatFlusher(IntervalWorker):
     def _claim(self, accounts: list[int]) -> list[_Claim]:
         """The accounts' next batches, claimed in one round trip: (batch, whether it
         was already in flight) for each account that had something waiting."""
-        inflights = [rediskeys.chat_inflight(account, self.instance) for account in accounts]
+        inflights = [rediskeys.chat_inflight(account, self.owner) for account in accounts]
         replies = self._lists.claim_many(
             [(rediskeys.chat_buffer(account), inflight)
              for account, inflight in zip(accounts, inflights, strict=True)],
@@ -287,6 +356,8 @@ class ChatFlusher(IntervalWorker):
 
     def _recover_orphans(self, keys: ChatKeys) -> None:
         """Move in-flight lists of dead instances (ours to flush) back to their buffers."""
+        if self.lane == 0:
+            self._recover_idle_lanes(keys)
         foreign = [(account, owner, key) for account, owner, key in keys.inflight
                    if self.owns(account) and owner_instance(owner) != self.instance]
         if not foreign:
@@ -303,6 +374,23 @@ class ChatFlusher(IntervalWorker):
                          "returned to the buffer", account, moved, owner)
                 keys.buffers.add(account)
 
+    def _recover_idle_lanes(self, keys: ChatKeys) -> None:
+        """Put back this instance's in-flight lists of flush lanes that no thread of this
+        process runs (an earlier process ran more): nobody else would, since the
+        instance's heartbeat lives."""
+        if self._lists.instance_claim is not None and not self._lists.instance_claim.held:
+            return  # another live process runs as this instance: its lanes, not ours
+        for account, owner, key in keys.inflight:
+            lane = owner_lane(owner)
+            if (lane is None or lane < self._lanes.count or not self.owns(account)
+                    or owner_instance(owner) != self.instance):
+                continue
+            moved = self._lists.move_all(key, rediskeys.chat_buffer(account), any_owner=True)
+            if moved:
+                log.info("chat flush: account %d: %d in-flight messages of flush thread %d (not "
+                         "run by this process) returned to the buffer", account, moved, lane)
+                keys.buffers.add(account)
+
     def _update_gauges(self, keys: ChatKeys) -> None:
         """Depths of this shard's lists (so the sum over replicas is the total).
 
@@ -313,7 +401,8 @@ class ChatFlusher(IntervalWorker):
         mine.update(a for a in keys.deadletters if self.owns(a))
         mine.update(a for a, _, _ in keys.inflight if self.owns(a))
         buffers = {rediskeys.chat_buffer(a) for a in mine}
-        buffers.update(rediskeys.chat_inflight(a, self.instance) for a in mine)
+        buffers.update(rediskeys.chat_inflight(a, lane_owner(self.instance, lane))
+                       for a in mine for lane in range(self._lanes.count))
         buffers.update(key for account, _, key in keys.inflight if self.owns(account))
         deadletters = {rediskeys.chat_deadletter(a) for a in mine}
         self.metrics.chat_buffer_depth.set(self._lists.lengths(buffers))

@@ -14,11 +14,13 @@ dead-letter or quarantine, whatever line a process is killed at.
   putting a drain batch back, recovering a dead instance's in-flight list),
   optionally setting the target's TTL.
 
-An in-flight list is `lumio:chat:inflight:{ACCOUNT}:OWNER`. The flusher's
-OWNER is the instance id; the dead-letter drain's is the instance id plus
-`.dl`, so the two never resume each other's batches. An instance is alive
-while its heartbeat key `lumio:instance:INSTANCE` exists (both workers
-refresh it); in-flight lists of a dead owner are recovered by the flusher.
+An in-flight list is `lumio:chat:inflight:{ACCOUNT}:OWNER`. The first flush
+thread's OWNER is the instance id, flush thread N's (N >= 1, `[chat]
+flush_workers`) the instance id plus `.fN`, the dead-letter drain's the
+instance id plus `.dl`: no two of them ever resume each other's batches. An
+instance is alive while its heartbeat key `lumio:instance:INSTANCE` exists
+(the flusher and the drain refresh it); in-flight lists of a dead owner are
+recovered by the flusher.
 
 Claim tokens. Two processes started with the same instance id (an operator
 copying an explicit `instance_id`) share every in-flight key: without more,
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -53,6 +56,8 @@ from ..metrics import Metrics
 log = logging.getLogger(__name__)
 
 DRAIN_SUFFIX = ".dl"
+# A flush thread's owner suffix (`lane_owner`); config.py refuses instance ids that end so.
+_LANE = re.compile(r"\.f([1-9][0-9]?)$")
 
 #: This process's claim token: host and pid (so a restart on the same host can
 #: tell that the holder is dead), and a random part (pids are reused).
@@ -175,9 +180,25 @@ class ChatKeys:
     inflight: list[tuple[int, str, str]] = field(default_factory=list)
 
 
+def lane_owner(instance: str, lane: int) -> str:
+    """The in-flight owner id of flush thread `lane` (0: the instance id itself)."""
+    return instance if lane == 0 else f"{instance}.f{lane}"
+
+
 def owner_instance(owner: str) -> str:
     """The instance whose heartbeat covers an in-flight owner id."""
-    return owner[: -len(DRAIN_SUFFIX)] if owner.endswith(DRAIN_SUFFIX) else owner
+    if owner.endswith(DRAIN_SUFFIX):
+        return owner[: -len(DRAIN_SUFFIX)]
+    lane = _LANE.search(owner)
+    return owner[: lane.start()] if lane is not None else owner
+
+
+def owner_lane(owner: str) -> int | None:
+    """The flush thread an owner id names (0 for a bare instance id); None for the drain's."""
+    if owner.endswith(DRAIN_SUFFIX):
+        return None
+    lane = _LANE.search(owner)
+    return int(lane.group(1)) if lane is not None else 0
 
 
 class ChatLists:

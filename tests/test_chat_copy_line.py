@@ -1,0 +1,170 @@
+"""`decode.copy_line`: a stageable entry as the COPY line of the very row the staging stores.
+
+With orjson the flusher COPYs such lines straight into `chat_messages`
+instead of handing the entries to PostgreSQL's jsonb staging; the rows must
+be the same to the byte (jsonb keeps numbers as written), and every entry
+not in `to_entry`'s shape must be left to the staging (None). Without orjson
+(`LUMIO_INGESTD_NO_ORJSON=1`, the child run of test_fastjson.py) it always
+declines. The parity test writes both ways into a real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+import pytest
+
+from chat_support import assert_exactly_once, make_messages, make_rig
+from harness.servers import PostgresServer
+from lumio_ingestd import fastjson, rediskeys
+from lumio_ingestd.chat import store
+from lumio_ingestd.chat.decode import copy_line
+from lumio_ingestd.config import TimescaleConfig
+from lumio_ingestd.db.migrate import migrate
+from lumio_ingestd.model import ChatMessage
+from support import dbname_of
+
+WHEN = datetime(2026, 3, 1, 12, 0, 0, 654321, tzinfo=UTC)
+needs_orjson = pytest.mark.skipif(not fastjson.USING_ORJSON, reason="the orjson path (see module)")
+
+
+def message(mid: str, text: str = "hello", **extras: Any) -> ChatMessage:
+    return ChatMessage.create(platform="twitch", account_id=7, message_id=mid, created_at=WHEN,
+                              user_id="u1", user_login="login", display_name="Näme 😀", text=text,
+                              extras=extras)
+
+
+def template() -> dict[str, Any]:
+    obj: dict[str, Any] = json.loads(message("t").to_entry())
+    return obj
+
+
+def hand(mid: str, **changes: Any) -> bytes:
+    """An entry in to_entry's key order with `changes`, written by the standard library
+    (so numbers stay as Python writes them, big ints included)."""
+    obj = {**template(), "message_id": mid, **changes}
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def copied_entries() -> list[bytes]:
+    """Entries copy_line must turn into lines, each awkward in its own way."""
+    texts = ['quotes " \' and a backslash \\ /', "tab\there\nnewline\rreturn, \\n typed",
+             "typed \\u0041 and \\\\", "emoji 😀 CJK 你好 RTL مرحبا é", "\x01 \x1b ctl", ""]
+    entries = [message(f"text-{i}", t, nested={"list": [1, 2.5, None, True, "é\t\"q\"\\"]}).to_entry()
+               for i, t in enumerate(texts)]
+    entries += [
+        # Numbers jsonb keeps as written, which re-encoding would change.
+        b'{"v":2,' + hand("numbers", extras={})[7:-3] + b'{"a":0.10,"b":1e-400,"c":1.5E+3,'
+        b'"d":123456789012345678901234567890,"e":-0.0}}',
+        hand("nested-extras-key", extras={"x": {"extras": {"y": 1}}, "extras": 2}),
+        hand("null-extras", extras=None),
+        hand("no-user-fields", user_id=None, user_login=None, display_name=None, text=None),
+        b'{"v":2,' + hand("tab-space", extras={})[7:-3] + b'{\t"a" :\t[1 , 2]}}',
+    ]
+    missing = {k: v for k, v in template().items() if k not in ("extras", "user_id")}
+    entries.append(json.dumps({**missing, "message_id": "missing-keys"}, ensure_ascii=False,
+                              separators=(",", ":")).encode())
+    return entries
+
+
+def declined_entries() -> list[bytes]:
+    """Entries copy_line must leave to PostgreSQL (the staging judges or casts them)."""
+    good = message("g").to_entry()
+    return [
+        b"[1,2]", b'{"v":2,"platform":"twitch", not json',
+        hand("bad-time", created_at="yesterday"), hand("no-zone", created_at="2026-03-01T12:00:00.123456"),
+        hand("bool-account", account_id=True), hand("float-account", account_id=7.0),
+        hand("str-account", account_id="7"), hand("big-account", account_id=2**70),
+        hand("number-user", user_id=5), hand("list-extras", extras=[1]), hand("str-extras", extras="x"),
+        json.dumps({k: v for k, v in template().items() if k != "message_id"}).encode(),
+        good[:-1] + b',"later":1}',  # extras not the last key: the slice would not parse
+        good.replace(b',"extras":', b', "extras":'),  # not to_entry's bytes
+        b'{"v":2,"extras":{"a":{"extras":{}}},"platform":"twitch","account_id":7,"message_id":"m",'
+        b'"created_at":"2026-03-01T12:00:00.654321Z"}',  # a nested key found first
+        good[:-1] + b',"extras":{"twice":1}}',  # a second top-level extras: the slice holds both
+    ]
+
+
+@needs_orjson
+def test_entries_to_entry_writes_become_lines() -> None:
+    for entry in copied_entries():
+        assert store.stageable(entry), entry[:60]
+        assert copy_line(entry) is not None, entry[:80]
+
+
+@needs_orjson
+def test_entries_in_any_other_shape_are_left_to_postgresql() -> None:
+    for entry in declined_entries():
+        assert copy_line(entry) is None, entry[:80]
+
+
+def test_without_orjson_every_entry_is_left_to_postgresql() -> None:
+    if fastjson.USING_ORJSON:
+        pytest.skip("the fallback: runs in test_fastjson.py's child run")
+    for entry in copied_entries() + declined_entries():
+        assert copy_line(entry) is None
+
+
+@pytest.fixture
+def pg_conn(pg_server: PostgresServer, pg_dsn: str) -> Iterator[psycopg2.extensions.connection]:
+    migrate(TimescaleConfig(dsn=pg_server.url(dbname_of(pg_dsn))))
+    conn = psycopg2.connect(pg_dsn, connect_timeout=5)
+    try:
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+@needs_orjson
+def test_a_line_stores_the_row_the_staging_stores(pg_conn: psycopg2.extensions.connection) -> None:
+    entries = copied_entries()
+    lines = [copy_line(e) for e in entries]
+    assert None not in lines
+    read = ("SELECT message_id, account_id, platform, created_at, user_id, user_login, "
+            "display_name, text, extras::text FROM chat_messages ORDER BY message_id")
+    with pg_conn.cursor() as cur:
+        cur.execute("TRUNCATE chat_messages")
+        assert store.insert_encoded(cur, [line for line in lines if line is not None]) == len(entries)
+        cur.execute(read)
+        by_line = cur.fetchall()
+        cur.execute("TRUNCATE chat_messages")
+        assert store.insert_entries(cur, entries) == len(entries)
+        cur.execute(read)
+        staged = cur.fetchall()
+    pg_conn.rollback()
+    assert by_line == staged
+    numbers = next(r for r in staged if r[0] == "numbers")
+    assert "0.10" in numbers[8] and "123456789012345678901234567890" in numbers[8]
+
+
+@needs_orjson
+def test_the_flusher_copies_lines_and_stages_only_what_copy_line_declines(
+        tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    staged: list[bytes] = []
+    real = store.insert_entries
+
+    def counting(cur: Any, entries: Any) -> int:
+        staged.extend(entries)
+        return real(cur, entries)
+
+    monkeypatch.setattr(store, "insert_entries", counting)
+    rig = make_rig(tmp_path, pg_server.url(dbname_of(pg_dsn)), pg_dsn, redis_url)
+    try:
+        msgs = make_messages(250, account=7)
+        odd = message("g").to_entry()[:-1] + b',"later":1}'  # storable, not to_entry's shape
+        odd = odd.replace(b'"message_id":"g"', b'"message_id":"odd"')
+        rig.oracle_redis().rpush(rediskeys.chat_buffer(7), *[m.to_entry() for m in msgs], odd)
+        rig.flusher().tick()
+        rig.flusher().tick()
+        assert_exactly_once(rig.stored(), [m.message_id for m in msgs] + ["odd"])
+        assert staged == [odd]  # the rest went in as COPY lines
+    finally:
+        rig.close()
