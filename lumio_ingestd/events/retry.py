@@ -108,10 +108,9 @@ _INFLIGHT_PATTERN = "lumio:events:inflight:{*}:*"
 # earlier one).
 _SAVEPOINT = "lumio_replay"
 
-# The most entries one replay transaction stores: with the bench's backlog
-# (100 per account, claimed 100 at a time) its commit's WAL flush was ~40-80 us
-# of each event's wall at 50 per transaction. A transaction is also bounded by
-# its claim batch and a third of its deadline.
+# The most entries one replay transaction stores: one commit (one WAL flush,
+# a few ms with fsync on) for all of them. A transaction is also bounded by its
+# claim batch (the daemon's 100), a third of its deadline and _MAX_SAVEPOINTS.
 MAX_TX_ENTRIES = 100
 
 # The most savepoints one replay transaction takes. Each savepoint that writes
@@ -130,6 +129,13 @@ _MAX_SAVEPOINTS = 56
 # group is rolled back whole and redone one entry per round trip, each in a
 # savepoint of its own, once.
 _GROUP = 50
+
+# Entries decoded between two releases of the interpreter lock. A group's
+# decoding is the longest stretch of Python the replay runs without a round
+# trip (~20 us an entry); bench/bench_events.py part (b), A/B, four runs each:
+# live persist_event p99 during the replay 2.67, 2.51, 1.81 and 1.84x idle
+# without a release, 1.53, 1.62, 1.62 and 1.41x with one every 10 entries.
+_YIELD_EVERY = 10
 
 # A decoded parked entry: its raw bytes, its event, and its record writer (None: an event).
 _Ready = tuple[bytes, PlatformEvent, RecordWriter | None]
@@ -362,10 +368,14 @@ class EventRetryWorker(IntervalWorker):
         Only what the next round trip stores, just before it: a long burst
         of decoding would hold the interpreter lock away from the live paths.
         """
+        decoded = 0
         while pending and len(ready) < want:
             item = self._decode(account, pending.popleft(), report)
             if item is not None:
                 ready.append(item)
+            decoded += 1
+            if decoded % _YIELD_EVERY == 0:
+                time.sleep(0)  # lets a waiting live path have the interpreter lock
 
     def _tx_size(self) -> int:
         # The first entries of a pass are committed one at a time: a pass that
