@@ -140,7 +140,6 @@ _EXEC_MANY_WITH_CHILDREN = ("EXECUTE lumio_replay_many_with_children "
 _EXEC_INSERT_UNLESS_SEEN = ("EXECUTE lumio_replay_insert_unless_seen "
                             "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
 
-_IDS_PRESENT = "SELECT id FROM events WHERE created_at BETWEEN %s AND %s AND id = ANY(%s)"
 
 # An event with children: the row's INSERT (with an external id, its probe) as
 # a CTE whose RETURNING (empty when the row is not new: a conflict, or the probe
@@ -229,42 +228,6 @@ def insert_event_in_savepoint(cur: Cursor, ev: PlatformEvent, savepoint: str,
     prefix = (f"RELEASE SAVEPOINT {release}; " if release else "") + f"SAVEPOINT {savepoint}; "
     cur.execute(prefix.encode() + _statements(cur, ev, prepared=True))
     return _is_new(cur, ev)
-
-
-def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
-                                savepoints: Sequence[str], release: str | None = None) -> list[bool]:
-    """`insert_event_in_savepoint` for several events, in two round trips.
-
-    The same statements as one event each, in order, with its own SAVEPOINT
-    (`savepoints[i]` for `events[i]`, each released by the next), sent as one
-    multi-statement query; READ COMMITTED gives each statement its own
-    snapshot, so each probe sees the rows of the events before it. Only the
-    last statement's row count comes back from such a query, so which rows
-    are new is read around it: a row with the event's id present before is a
-    replay of a stored event; present after and not before, new; absent
-    after, a duplicate by external id. When any statement fails the rest of
-    the query does not run: the caller rolls back to `savepoints[0]` (which
-    fails in turn if that savepoint was never taken) and stores the events
-    one at a time.
-    """
-    if len(events) != len(savepoints):
-        raise ValueError("insert_events_in_savepoints: one savepoint per event")
-    ids = [ev.id for ev in events]
-    # Bounded in time so the probe stays on the chunks around the events.
-    window = (min(ev.created_at for ev in events), max(ev.created_at for ev in events), ids)
-    cur.execute(_IDS_PRESENT, window)
-    before = {str(row[0]) for row in cur.fetchall()}
-    parts: list[bytes] = []
-    previous = release
-    for ev, savepoint in zip(events, savepoints, strict=True):
-        head = (f"RELEASE SAVEPOINT {previous}; " if previous else "") + f"SAVEPOINT {savepoint}"
-        parts.append(head.encode())
-        parts.append(_statements(cur, ev, prepared=True))
-        previous = savepoint
-    parts.append(cur.mogrify(_IDS_PRESENT, window))
-    cur.execute(b"; ".join(parts))
-    after = {str(row[0]) for row in cur.fetchall()}
-    return [str(ev.id) in after and str(ev.id) not in before for ev in events]
 
 
 def insert_events_in_one_savepoint(cur: Cursor, events: Sequence[PlatformEvent], savepoint: str,
