@@ -167,12 +167,12 @@ def test_several_events_in_one_round_trip_tell_new_from_already_stored(rig: Rig)
         with conn.cursor() as cur:
             store.prepare_replay(cur)
             store.prepare_replay(cur)  # a second time: a no-op
-            assert store.insert_events_in_savepoints(cur, [stored, first, fresh],
-                                                     ["a", "b", "c"]) == [False, True, True]
+            assert store.insert_events_in_one_savepoint(cur, [stored, first, fresh],
+                                                        "a") == [False, True, True]
             # The redelivery in a later query of the same transaction: the probe sees the row.
-            assert store.insert_events_in_savepoints(cur, [redelivered], ["d"], "c") == [False]
+            assert store.insert_events_in_one_savepoint(cur, [redelivered], "b", "a") == [False]
             with pytest.raises(ValueError):
-                store.insert_events_in_savepoints(cur, [make_event()], ["e", "f"])
+                store.insert_events_in_one_savepoint(cur, [], "c")
         conn.commit()
     finally:
         conn.close()
@@ -197,10 +197,9 @@ def test_events_with_children_share_the_round_trip_and_get_children_only_when_ne
     try:
         with conn.cursor() as cur:
             store.prepare_replay(cur)
-            assert store.insert_events_in_savepoints(
-                cur, [replayed, first, fresh, plain], ["a", "b", "c", "d"]) == [
-                    False, True, True, True]
-            assert store.insert_events_in_savepoints(cur, [redelivered], ["e"], "d") == [False]
+            assert store.insert_events_in_one_savepoint(
+                cur, [replayed, first, fresh, plain], "a") == [False, True, True, True]
+            assert store.insert_events_in_one_savepoint(cur, [redelivered], "b", "a") == [False]
         conn.commit()
     finally:
         conn.close()

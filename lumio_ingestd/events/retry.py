@@ -15,9 +15,10 @@ Every `[events] retry_interval_secs` each replica refreshes its heartbeat
    it too, so every replica exports it).
 3. Per account (ascending id), at most the entries it held at the scan: claim
    a batch into our in-flight list (one Lua script), then insert its entries
-   with their ORIGINAL id and created_at, several per transaction with a
-   SAVEPOINT around each (one WAL flush for up to `MAX_TX_ENTRIES` events;
-   a failing entry is rolled back alone), each transaction under a deadline
+   with their ORIGINAL id and created_at, several per transaction (one WAL
+   flush for up to `MAX_TX_ENTRIES` events) in groups under one SAVEPOINT
+   each (a failing group is rolled back and redone one entry per savepoint,
+   so a failing entry is rolled back alone), each transaction under a deadline
    of `insert_timeout_secs`, and only after the commit remove them from the
    in-flight list (one pipeline). "Already stored" counts `recovered`; a new
    row counts `events_persisted{path="replay"}`. The first three
@@ -107,21 +108,34 @@ _INFLIGHT_PATTERN = "lumio:events:inflight:{*}:*"
 # earlier one).
 _SAVEPOINT = "lumio_replay"
 
-# The most entries one replay transaction stores. Each entry's savepoint is a
-# subtransaction with an xid of its own; PostgreSQL caches 64 of them per
+# The most entries one replay transaction stores: one commit (one WAL flush,
+# a few ms with fsync on) for all of them. A transaction is also bounded by its
+# claim batch (the daemon's 100), a third of its deadline and _MAX_SAVEPOINTS.
+MAX_TX_ENTRIES = 100
+
+# The most savepoints one replay transaction takes. Each savepoint that writes
+# is a subtransaction with an xid of its own; PostgreSQL caches 64 of them per
 # backend, beyond which every other session's snapshots fall back to
-# pg_subtrans lookups (subxid overflow). 50 stays under that and already
-# spreads one commit (one WAL flush) over 50 events.
-MAX_TX_ENTRIES = 50
+# pg_subtrans lookups (subxid overflow). A group takes one, a lone entry
+# (the ramp, a group's redo one by one, a record) one each.
+_MAX_SAVEPOINTS = 56
 
 # The most entries whose statements go in one round trip (one multi-statement
-# query, a savepoint each): a whole transaction's worth. Each round trip costs
-# the client a few syscalls and interpreter-lock hand-offs; with groups of 8 a
-# replayed event cost ~90-105 us of this process's CPU, with 50 ~65-80 us
-# (bench/bench_events.py, back to back), and the live paths' wait for the lock
-# did not grow (the group's decoding and formatting is ~1 ms). A failing group
-# is redone one entry per round trip, once.
-_GROUP = MAX_TX_ENTRIES
+# query, one savepoint around them all). Each round trip costs the client a
+# few syscalls and interpreter-lock hand-offs; with groups of 8 a replayed
+# event cost ~90-105 us of this process's CPU, with 50 ~65-80 us
+# (bench/bench_events.py, back to back), and the live paths' wait for the
+# lock did not grow (the group's decoding and formatting is ~1 ms). A failing
+# group is rolled back whole and redone one entry per round trip, each in a
+# savepoint of its own, once.
+_GROUP = 50
+
+# Entries decoded between two releases of the interpreter lock. A group's
+# decoding is the longest stretch of Python the replay runs without a round
+# trip (~20 us an entry); bench/bench_events.py part (b), A/B, four runs each:
+# live persist_event p99 during the replay 2.67, 2.51, 1.81 and 1.84x idle
+# without a release, 1.53, 1.62, 1.62 and 1.41x with one every 10 entries.
+_YIELD_EVERY = 10
 
 # A decoded parked entry: its raw bytes, its event, and its record writer (None: an event).
 _Ready = tuple[bytes, PlatformEvent, RecordWriter | None]
@@ -354,10 +368,14 @@ class EventRetryWorker(IntervalWorker):
         Only what the next round trip stores, just before it: a long burst
         of decoding would hold the interpreter lock away from the live paths.
         """
+        decoded = 0
         while pending and len(ready) < want:
             item = self._decode(account, pending.popleft(), report)
             if item is not None:
                 ready.append(item)
+            decoded += 1
+            if decoded % _YIELD_EVERY == 0:
+                time.sleep(0)  # lets a waiting live path have the interpreter lock
 
     def _tx_size(self) -> int:
         # The first entries of a pass are committed one at a time: a pass that
@@ -395,7 +413,10 @@ class EventRetryWorker(IntervalWorker):
                             size: int, report: PassReport) -> None:
         """Insert up to `size` entries from the head of `ready` in one transaction.
 
-        Each entry runs inside its own SAVEPOINT: "already stored" (a unique
+        Entries go in groups of up to `_GROUP` under one SAVEPOINT; a group
+        that fails is rolled back to it and its entries are redone one per
+        SAVEPOINT, so every failure below is one entry's alone. Then
+        "already stored" (a unique
         violation) is rolled back alone and counts recovered; any other failure
         is rolled back alone, the entries before it are committed and settled,
         and then it is judged by `_failed` exactly as a lone insert would be
@@ -419,27 +440,28 @@ class EventRetryWorker(IntervalWorker):
                     # Later entries of a transaction get what is left of its one
                     # deadline; stop adding well before it (the first always runs).
                     if done and (time.monotonic() > soft_limit or self.stop_event.is_set()
-                                 or time.monotonic() >= self._pass_deadline):
+                                 or time.monotonic() >= self._pass_deadline
+                                 or taken >= _MAX_SAVEPOINTS):
                         break
                     self._fill(account, pending, ready, min(_GROUP, size - len(done)), report)
                     if not ready:
                         break
                     group = [] if singles else self._group(ready, size - len(done))
                     if len(group) > 1:
-                        names = [f"{_SAVEPOINT}_{taken + i}" for i in range(len(group))]
-                        taken += len(group)
+                        savepoint = f"{_SAVEPOINT}_{taken}"
+                        taken += 1
                         try:
-                            news = store.insert_events_in_savepoints(
-                                cur, [ev for _, ev, _ in group], names, release)
+                            news = store.insert_events_in_one_savepoint(
+                                cur, [ev for _, ev, _ in group], savepoint, release)
                         except Exception:  # noqa: BLE001 - each is retried alone below
                             grouped = True
-                            cur.execute(f"ROLLBACK TO SAVEPOINT {names[0]}")
+                            cur.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
                             grouped = False
-                            release, singles = names[0], len(group)
+                            release, singles = savepoint, len(group)
                             continue
                         for new in news:
                             done.append((ready.popleft(), new))
-                        release = names[-1]
+                        release = savepoint
                         continue
                     singles = max(0, singles - 1)
                     raw, ev, writer = ready[0]

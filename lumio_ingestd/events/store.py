@@ -90,10 +90,56 @@ _PREPARED = {
                                         + _numbered(_ROW + _UNLESS_SEEN + _ON_CONFLICT)),
 }
 _EXEC_INSERT = "EXECUTE lumio_replay_insert (%s, %s, %s, %s, %s, %s, %s, %s)"
+
+# The replay's group (`insert_events_in_one_savepoint`): the same lock key,
+# probe and conflict rule as above, over arrays, one element per event. The
+# lock is the `_LOCK` expression per element, in the arrays' order.
+_MANY_LOCK = """
+SELECT pg_advisory_xact_lock(hashtextextended(l.account_id::text || ':' || l.platform || ':'
+                                              || l.external_id, 0))
+FROM unnest($1::bigint[], $2::text[], $3::text[]) AS l (account_id, platform, external_id)"""
+_MANY_ROWS = """
+INSERT INTO events (id, created_at, account_id, platform, type, external_id, user_id, payload)
+SELECT r.id, r.created_at, r.account_id, r.platform, r.type, r.external_id, r.user_id,
+       r.payload::jsonb
+FROM unnest($1::uuid[], $2::timestamptz[], $3::bigint[], $4::text[], $5::text[], $6::text[],
+            $7::text[], $8::text[])
+    AS r (id, created_at, account_id, platform, type, external_id, user_id, payload)
+WHERE r.external_id IS NULL OR NOT EXISTS (
+    SELECT 1 FROM events
+    WHERE account_id = r.account_id AND external_id = r.external_id AND platform = r.platform
+      AND created_at BETWEEN r.created_at - $9::interval AND r.created_at + $9::interval
+)
+ON CONFLICT (id, created_at) DO NOTHING
+RETURNING id, created_at, id::text AS text_id"""
+_MANY_WITH_CHILDREN = f"""
+WITH new_rows AS ({_MANY_ROWS}
+), new_children AS (
+    INSERT INTO event_children
+        (event_id, event_created_at, ordinal, kind, user_id, user_login, payload)
+    SELECT new_rows.id, new_rows.created_at, c.ordinal, c.kind, c.user_id, c.user_login,
+           c.payload::jsonb
+    FROM new_rows
+    JOIN unnest($10::uuid[], $11::integer[], $12::text[], $13::text[], $14::text[],
+                $15::text[]) AS c (event_id, ordinal, kind, user_id, user_login, payload)
+        ON c.event_id = new_rows.id
+    ON CONFLICT (event_id, ordinal) DO NOTHING
+)
+SELECT id::text FROM new_rows"""
+_PREPARED.update({
+    "lumio_replay_many_lock": "PREPARE lumio_replay_many_lock AS " + _MANY_LOCK,
+    "lumio_replay_many": "PREPARE lumio_replay_many AS " + _MANY_ROWS,
+    "lumio_replay_many_with_children": ("PREPARE lumio_replay_many_with_children AS "
+                                        + _MANY_WITH_CHILDREN),
+})
+_EXEC_MANY_LOCK = "EXECUTE lumio_replay_many_lock (%s, %s, %s)"
+_EXEC_MANY = "EXECUTE lumio_replay_many (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_EXEC_MANY_WITH_CHILDREN = ("EXECUTE lumio_replay_many_with_children "
+                            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+
 _EXEC_INSERT_UNLESS_SEEN = ("EXECUTE lumio_replay_insert_unless_seen "
                             "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
 
-_IDS_PRESENT = "SELECT id FROM events WHERE created_at BETWEEN %s AND %s AND id = ANY(%s)"
 
 # An event with children: the row's INSERT (with an external id, its probe) as
 # a CTE whose RETURNING (empty when the row is not new: a conflict, or the probe
@@ -184,40 +230,61 @@ def insert_event_in_savepoint(cur: Cursor, ev: PlatformEvent, savepoint: str,
     return _is_new(cur, ev)
 
 
-def insert_events_in_savepoints(cur: Cursor, events: Sequence[PlatformEvent],
-                                savepoints: Sequence[str], release: str | None = None) -> list[bool]:
-    """`insert_event_in_savepoint` for several events, in two round trips.
+def insert_events_in_one_savepoint(cur: Cursor, events: Sequence[PlatformEvent], savepoint: str,
+                                   release: str | None = None) -> list[bool]:
+    """Several events in one new SAVEPOINT `savepoint`, in one round trip and
+    three statements whatever their number (the replay's group).
 
-    The same statements as one event each, in order, with its own SAVEPOINT
-    (`savepoints[i]` for `events[i]`, each released by the next), sent as one
-    multi-statement query; READ COMMITTED gives each statement its own
-    snapshot, so each probe sees the rows of the events before it. Only the
-    last statement's row count comes back from such a query, so which rows
-    are new is read around it: a row with the event's id present before is a
-    replay of a stored event; present after and not before, new; absent
-    after, a duplicate by external id. When any statement fails the rest of
-    the query does not run: the caller rolls back to `savepoints[0]` (which
-    fails in turn if that savepoint was never taken) and stores the events
-    one at a time.
+    The same rules as `insert_event`, set-wise (`_MANY_*`, prepared by
+    `prepare_replay`): the advisory locks of the events with an external id,
+    in their order, in one statement; then one INSERT of every row, the
+    dedup probe and the conflict rule per row, on a snapshot taken after the
+    locks were granted; the children, if any, fed by its RETURNING. That
+    snapshot does not see the rows of the same INSERT: the caller must not
+    put two events with the same (platform, external id) in one group.
+
+    One subtransaction per group instead of per event lets a transaction hold
+    more events than the backend's cache of 64 subtransactions (beyond it every
+    other session's snapshots look into pg_subtrans). A failure anywhere undoes
+    the whole statement: the caller rolls back to `savepoint` (failing in turn
+    if the savepoint was never taken) and stores the events one at a time, each
+    in a savepoint of its own, so a bad event is still rolled back alone.
+
+    Returns, per event, whether its row is new; an id twice in `events` (an
+    entry parked twice) is one row, new at most for its first.
     """
-    if len(events) != len(savepoints):
-        raise ValueError("insert_events_in_savepoints: one savepoint per event")
-    ids = [ev.id for ev in events]
-    # Bounded in time so the probe stays on the chunks around the events.
-    window = (min(ev.created_at for ev in events), max(ev.created_at for ev in events), ids)
-    cur.execute(_IDS_PRESENT, window)
-    before = {str(row[0]) for row in cur.fetchall()}
-    parts: list[bytes] = []
-    previous = release
-    for ev, savepoint in zip(events, savepoints, strict=True):
-        head = (f"RELEASE SAVEPOINT {previous}; " if previous else "") + f"SAVEPOINT {savepoint}"
-        parts.append(head.encode())
-        parts.append(_statements(cur, ev, prepared=True))
-        previous = savepoint
-    parts.append(cur.mogrify(_IDS_PRESENT, window))
+    if not events:
+        raise ValueError("insert_events_in_one_savepoint: no events")
+    head = (f"RELEASE SAVEPOINT {release}; " if release else "") + f"SAVEPOINT {savepoint}"
+    parts: list[bytes] = [head.encode()]
+    locking = [ev for ev in events if ev.external_id is not None]
+    if locking:
+        parts.append(cur.mogrify(_EXEC_MANY_LOCK, (
+            [ev.account_id for ev in locking], [ev.platform for ev in locking],
+            [ev.external_id for ev in locking])))
+    rows = ([ev.id for ev in events], [ev.created_at for ev in events],
+            [ev.account_id for ev in events], [ev.platform for ev in events],
+            [ev.type for ev in events], [ev.external_id for ev in events],
+            [ev.user_id for ev in events], [json.dumps(ev.payload) for ev in events],
+            DEDUP_WINDOW)
+    kids = [(ev.id, ordinal, child) for ev in events for ordinal, child in enumerate(ev.children)]
+    if kids:
+        parts.append(cur.mogrify(_EXEC_MANY_WITH_CHILDREN, rows + (
+            [event_id for event_id, _, _ in kids], [ordinal for _, ordinal, _ in kids],
+            [child.kind for _, _, child in kids], [child.user_id for _, _, child in kids],
+            [child.user_login for _, _, child in kids],
+            [json.dumps(child.payload) for _, _, child in kids])))
+    else:
+        parts.append(cur.mogrify(_EXEC_MANY, rows))
     cur.execute(b"; ".join(parts))
-    after = {str(row[0]) for row in cur.fetchall()}
-    return [str(ev.id) in after and str(ev.id) not in before for ev in events]
+    # As text: parsing each returned uuid would cost more than formatting ours.
+    new = {row[-1] for row in cur.fetchall()}
+    out = []
+    for ev in events:
+        text_id = str(ev.id)
+        out.append(text_id in new)
+        new.discard(text_id)
+    return out
 
 
 def _statements(cur: Cursor, ev: PlatformEvent, *, prepared: bool) -> bytes:
