@@ -18,6 +18,7 @@ from typing import Any
 import psycopg2
 import redis
 
+from harness.servers import wait_until
 from lumio_ingestd import rediskeys
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
@@ -137,6 +138,13 @@ def db_rows(pg_url: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any
             return list(cur.fetchall())
     finally:
         conn.close()
+
+
+def one_waits_on_an_advisory_lock(pg_url: str, timeout: float = 5.0) -> bool:
+    """Whether, within `timeout`, exactly one session waits for an advisory lock."""
+    return wait_until(lambda: db_rows(
+        pg_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+    )[0][0] == 1, timeout=timeout)
 
 
 def stored_ids(pg_url: str) -> list[str]:

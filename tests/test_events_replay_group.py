@@ -26,9 +26,9 @@ from events_support import (
     inflight,
     make_event,
     make_rig,
+    one_waits_on_an_advisory_lock,
     stored_ids,
 )
-from harness.servers import wait_until
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.model import PlatformEvent
@@ -117,10 +117,8 @@ def test_a_group_takes_the_advisory_lock_every_writer_takes(rig: Rig) -> None:
             assert store.insert_events_in_one_savepoint(cur, grouped, "g") == [True] * 3
             writer = threading.Thread(target=insert_live, name="live-writer")
             writer.start()
-            waiting = wait_until(lambda: db_rows(
-                rig.pg_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                            "AND NOT granted")[0][0] == 1, timeout=5)
-            assert waiting, "the live insert never waited on the group's advisory lock"
+            assert one_waits_on_an_advisory_lock(rig.pg_url), (
+                "the live insert never waited on the group's advisory lock")
             assert "live" not in results
         conn.commit()
         writer.join(timeout=10)

@@ -12,8 +12,16 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from events_support import Rig, children_of, db_rows, make_event, make_rig, stored_ids
-from harness.servers import PostgresServer, wait_until
+from events_support import (
+    Rig,
+    children_of,
+    db_rows,
+    make_event,
+    make_rig,
+    one_waits_on_an_advisory_lock,
+    stored_ids,
+)
+from harness.servers import PostgresServer
 from lumio_ingestd.db.errors import Kind, classify
 from lumio_ingestd.events import store
 from lumio_ingestd.model import PlatformEvent
@@ -80,10 +88,7 @@ def test_the_advisory_lock_serialises_two_writers_of_one_external_id(rig: Rig) -
             writer = threading.Thread(target=lambda: results.setdefault("b", _insert(rig, b)),
                                       name="writer-b")
             writer.start()
-            waiting = wait_until(lambda: db_rows(
-                rig.pg_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                            "AND NOT granted")[0][0] == 1, timeout=5)
-            assert waiting, "writer B never waited on A's advisory lock"
+            assert one_waits_on_an_advisory_lock(rig.pg_url), "writer B never waited on A's advisory lock"
             assert "b" not in results
         conn.commit()
         writer.join(timeout=10)

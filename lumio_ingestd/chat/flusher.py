@@ -368,11 +368,7 @@ class ChatFlusher(IntervalWorker):
                 continue
             # Not atomic with the heartbeat check: an owner that comes back
             # meanwhile finishes its batch, and the repeat insert is a no-op.
-            moved = self._lists.move_all(key, rediskeys.chat_buffer(account), any_owner=True)
-            if moved:
-                log.info("chat flush: account %d: %d in-flight messages of the dead instance %s "
-                         "returned to the buffer", account, moved, owner)
-                keys.buffers.add(account)
+            self._put_back(keys, account, key, f"the dead instance {owner}")
 
     def _recover_idle_lanes(self, keys: ChatKeys) -> None:
         """Put back this instance's in-flight lists of flush lanes that no thread of this
@@ -385,11 +381,15 @@ class ChatFlusher(IntervalWorker):
             if (lane is None or lane < self._lanes.count or not self.owns(account)
                     or owner_instance(owner) != self.instance):
                 continue
-            moved = self._lists.move_all(key, rediskeys.chat_buffer(account), any_owner=True)
-            if moved:
-                log.info("chat flush: account %d: %d in-flight messages of flush thread %d (not "
-                         "run by this process) returned to the buffer", account, moved, lane)
-                keys.buffers.add(account)
+            self._put_back(keys, account, key, f"flush thread {lane} (not run by this process)")
+
+    def _put_back(self, keys: ChatKeys, account: int, key: str, whose: str) -> None:
+        """Move the in-flight list `key` (another owner's) back to the account's buffer."""
+        moved = self._lists.move_all(key, rediskeys.chat_buffer(account), any_owner=True)
+        if moved:
+            log.info("chat flush: account %d: %d in-flight messages of %s returned to the buffer",
+                     account, moved, whose)
+            keys.buffers.add(account)
 
     def _update_gauges(self, keys: ChatKeys) -> None:
         """Depths of this shard's lists (so the sum over replicas is the total).
