@@ -4,13 +4,16 @@ With orjson the flusher COPYs such lines straight into `chat_messages`
 instead of handing the entries to PostgreSQL's jsonb staging; the rows must
 be the same to the byte (jsonb keeps numbers as written), and every entry
 not in `to_entry`'s shape must be left to the staging (None). Without orjson
-(`LUMIO_INGESTD_NO_ORJSON=1`, the child run of test_fastjson.py) it always
-declines. The parity test writes both ways into a real PostgreSQL.
+(`LUMIO_INGESTD_NO_ORJSON=1`, in a child process) it always declines. The
+parity test writes both ways into a real PostgreSQL.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +34,6 @@ from lumio_ingestd.model import ChatMessage
 from support import dbname_of
 
 WHEN = datetime(2026, 3, 1, 12, 0, 0, 654321, tzinfo=UTC)
-needs_orjson = pytest.mark.skipif(not fastjson.USING_ORJSON, reason="the orjson path (see module)")
 
 
 def message(mid: str, text: str = "hello", **extras: Any) -> ChatMessage:
@@ -91,24 +93,33 @@ def declined_entries() -> list[bytes]:
     ]
 
 
-@needs_orjson
 def test_entries_to_entry_writes_become_lines() -> None:
     for entry in copied_entries():
         assert store.stageable(entry), entry[:60]
         assert copy_line(entry) is not None, entry[:80]
 
 
-@needs_orjson
 def test_entries_in_any_other_shape_are_left_to_postgresql() -> None:
     for entry in declined_entries():
         assert copy_line(entry) is None, entry[:80]
 
 
+def test_the_test_run_has_orjson() -> None:
+    assert fastjson.USING_ORJSON, "the test extra installs orjson: the tests above need it"
+
+
 def test_without_orjson_every_entry_is_left_to_postgresql() -> None:
-    if fastjson.USING_ORJSON:
-        pytest.skip("the fallback: runs in test_fastjson.py's child run")
-    for entry in copied_entries() + declined_entries():
-        assert copy_line(entry) is None
+    entries = copied_entries() + declined_entries()
+    child = ("import json, sys\n"
+             "from lumio_ingestd import fastjson\n"
+             "from lumio_ingestd.chat.decode import copy_line\n"
+             "entries = [bytes.fromhex(h) for h in json.load(sys.stdin)]\n"
+             "print(fastjson.USING_ORJSON, sum(copy_line(e) is not None for e in entries))\n")
+    out = subprocess.run([sys.executable, "-c", child], input=json.dumps([e.hex() for e in entries]),
+                         env=dict(os.environ, LUMIO_INGESTD_NO_ORJSON="1"),
+                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.split() == ["False", "0"]
 
 
 @pytest.fixture
@@ -122,7 +133,6 @@ def pg_conn(pg_server: PostgresServer, pg_dsn: str) -> Iterator[psycopg2.extensi
         conn.close()
 
 
-@needs_orjson
 def test_a_line_stores_the_row_the_staging_stores(pg_conn: psycopg2.extensions.connection) -> None:
     entries = copied_entries()
     lines = [copy_line(e) for e in entries]
@@ -144,7 +154,6 @@ def test_a_line_stores_the_row_the_staging_stores(pg_conn: psycopg2.extensions.c
     assert "0.10" in numbers[8] and "123456789012345678901234567890" in numbers[8]
 
 
-@needs_orjson
 def test_the_flusher_copies_lines_and_stages_only_what_copy_line_declines(
         tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
