@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
 import redis
 
 from harness.servers import wait_until
@@ -127,6 +129,13 @@ def old(hours: float) -> datetime:
 
 
 # -- oracles --------------------------------------------------------------------
+
+
+def uuid_connection(pg_url: str) -> psycopg2.extensions.connection:
+    """A connection of the test's own that passes uuid.UUID values (the replay's statements)."""
+    conn = psycopg2.connect(pg_url, connect_timeout=5)
+    psycopg2.extras.register_uuid(conn_or_curs=conn)  # type: ignore[no-untyped-call]
+    return conn
 
 
 def db_rows(pg_url: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -26,6 +26,7 @@ from events_support import (
     make_rig,
     quarantined,
     stored_ids,
+    uuid_connection,
 )
 from lumio_ingestd import rediskeys
 from lumio_ingestd.events import store
@@ -161,8 +162,7 @@ def test_several_events_in_one_round_trip_tell_new_from_already_stored(rig: Rig)
     first = make_event(account=ACCOUNT, n=2, external_id="e-2")
     redelivered = make_event(account=ACCOUNT, n=3, external_id="e-2")
     fresh = make_event(account=ACCOUNT, n=4)
-    conn = psycopg2.connect(rig.pg_url)
-    psycopg2.extras.register_uuid(conn_or_curs=conn)  # type: ignore[no-untyped-call]
+    conn = uuid_connection(rig.pg_url)
     try:
         with conn.cursor() as cur:
             store.prepare_replay(cur)
@@ -192,8 +192,7 @@ def test_events_with_children_share_the_round_trip_and_get_children_only_when_ne
     redelivered = make_event(account=ACCOUNT, n=3, external_id="c-2", children=3)
     fresh = make_event(account=ACCOUNT, n=4, children=2)
     plain = make_event(account=ACCOUNT, n=5, external_id="c-5")
-    conn = psycopg2.connect(rig.pg_url)
-    psycopg2.extras.register_uuid(conn_or_curs=conn)  # type: ignore[no-untyped-call]
+    conn = uuid_connection(rig.pg_url)
     try:
         with conn.cursor() as cur:
             store.prepare_replay(cur)

@@ -28,6 +28,7 @@ from events_support import (
     make_rig,
     one_waits_on_an_advisory_lock,
     stored_ids,
+    uuid_connection,
 )
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DeadLetters
@@ -43,14 +44,8 @@ def rig(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[Rig]:
     r.close()
 
 
-def _connect(rig: Rig) -> psycopg2.extensions.connection:
-    conn = psycopg2.connect(rig.pg_url)
-    psycopg2.extras.register_uuid(conn_or_curs=conn)  # type: ignore[no-untyped-call]
-    return conn
-
-
 def _group(rig: Rig, events: list[PlatformEvent]) -> list[bool]:
-    conn = _connect(rig)
+    conn = uuid_connection(rig.pg_url)
     try:
         with conn.cursor() as cur:
             store.prepare_replay(cur)
@@ -110,7 +105,7 @@ def test_a_group_takes_the_advisory_lock_every_writer_takes(rig: Rig) -> None:
         with rig.pool.transaction() as cur:
             results["live"] = store.insert_event(cur, live)
 
-    conn = _connect(rig)
+    conn = uuid_connection(rig.pg_url)
     try:
         with conn.cursor() as cur:
             store.prepare_replay(cur)
@@ -133,7 +128,7 @@ def test_a_failing_group_is_undone_whole_by_its_savepoint(rig: Rig) -> None:
     bad = make_event(account=ACCOUNT, n=99)
     refused = replace(bad, external_id="")  # the CHECK refuses an empty external id
     second = [make_event(account=ACCOUNT, n=10 + i, external_id=f"f-{i}") for i in range(3)]
-    conn = _connect(rig)
+    conn = uuid_connection(rig.pg_url)
     try:
         with conn.cursor() as cur:
             store.prepare_replay(cur)
