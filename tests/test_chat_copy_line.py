@@ -1,11 +1,13 @@
 """`decode.copy_line`: a stageable entry as the COPY line of the very row the staging stores.
 
-With orjson the flusher COPYs such lines straight into `chat_messages`
-instead of handing the entries to PostgreSQL's jsonb staging; the rows must
-be the same to the byte (jsonb keeps numbers as written), and every entry
-not in `to_entry`'s shape must be left to the staging (None). Without orjson
-(`LUMIO_INGESTD_NO_ORJSON=1`, in a child process) it always declines. The
-parity test writes both ways into a real PostgreSQL.
+The flusher COPYs such lines straight into `chat_messages` instead of
+handing the entries to PostgreSQL's jsonb staging; the rows must be the same
+to the byte (jsonb keeps numbers as written), and every entry not in
+`to_entry`'s shape must be left to the staging (None). An entry in exactly
+`to_entry`'s bytes with nothing escaped takes `canonical_line` (no parse);
+the other shapes need orjson: without it (`LUMIO_INGESTD_NO_ORJSON=1`, in a
+child process) only the canonical ones become lines. The parity test writes
+both ways into a real PostgreSQL.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from chat_support import assert_exactly_once, make_messages, make_rig
 from harness.servers import PostgresServer
 from lumio_ingestd import fastjson, rediskeys
 from lumio_ingestd.chat import store
-from lumio_ingestd.chat.decode import copy_line
+from lumio_ingestd.chat.decode import canonical_line, copy_line
 from lumio_ingestd.config import TimescaleConfig
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.model import ChatMessage
@@ -54,6 +56,26 @@ def hand(mid: str, **changes: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def canonical_entries() -> list[bytes]:
+    """Entries as to_entry writes them without a `\\u` escape: canonical_line's, without a parse."""
+    entries = [message(f"plain-{i}", t, nested={"list": [1, 2.5, None, True, "{} [] ,:"]}).to_entry()
+               for i, t in enumerate(['braces {} and [brackets], commas , colons :', "emoji 😀 CJK 你好 é",
+                                      "extras:{x:1}} as text", ""])]
+    escaped = {"k\"ey\\": ['a "quoted" \\ value', "tab\tnl\ncr\r/"]}
+    entries += [message(f"escaped-{i}", t, q=escaped).to_entry()
+                for i, t in enumerate(['quotes " \' and a backslash \\ /', "backspace \x08 form feed \x0c",
+                                       "tab\there\nnewline\rreturn \\n typed", '\\"\\\\"'])]
+    entries += [
+        message("no-extras").to_entry(),
+        b'{"v":2,' + hand("plain-numbers", extras={})[7:-3] + b'{"a":0.10,"b":1e-400,'
+        b'"c":123456789012345678901234567890,"d":{"extras":{}}}}',
+        hand("plain-account", account_id=999_999_999_999_999_999),  # 18 digits
+        hand("plain-space", extras={})[:-3] + b'{ "a" : [ 1 , 2 ] }}',
+        message("escaped-slash").to_entry().replace(b'"hello"', rb'"a \/ b"'),  # no writer of ours does
+    ]
+    return entries
+
+
 def copied_entries() -> list[bytes]:
     """Entries copy_line must turn into lines, each awkward in its own way."""
     texts = ['quotes " \' and a backslash \\ /', "tab\there\nnewline\rreturn, \\n typed",
@@ -72,7 +94,7 @@ def copied_entries() -> list[bytes]:
     missing = {k: v for k, v in template().items() if k not in ("extras", "user_id")}
     entries.append(json.dumps({**missing, "message_id": "missing-keys"}, ensure_ascii=False,
                               separators=(",", ":")).encode())
-    return entries
+    return entries + canonical_entries()
 
 
 def declined_entries() -> list[bytes]:
@@ -93,6 +115,33 @@ def declined_entries() -> list[bytes]:
     ]
 
 
+def test_entries_to_entry_writes_without_a_unicode_escape_are_joined_without_a_parse() -> None:
+    for entry in canonical_entries():
+        assert canonical_line(entry) is not None, entry[:80]
+    escaped = [e for e in copied_entries() if b"\\u" in e]
+    assert escaped and all(canonical_line(e) is None for e in escaped)
+
+
+def test_entries_near_to_entry_bytes_are_not_taken_for_canonical() -> None:
+    good = message("g").to_entry()
+    near = [
+        hand("zero-lead")[:-3].replace(b'"account_id":7', b'"account_id":07') + b'{}}',
+        good.replace(b'"account_id":7', b'"account_id":-0'),
+        hand("nineteen-digits", account_id=1_000_000_000_000_000_000),
+        good.replace(b'"v":2', b'"v":1'), good.replace(b'"text":"hello"', b'"text": "hello"'),
+        good.replace(b'"hello"', rb'"hel\u006co"'), good.replace(b'"hello"', rb'"he\\"llo"'),
+        good.replace(b'"hello"', rb'"hel\xlo"'), good.replace(b'"hello"', rb'"hello\"'),  # not JSON
+        good.replace(b'"hello"', rb'"hel\0lo"'), good[:-3] + rb'{"a":"\u00e9"}}',
+        good.replace(b'"hello"', b'"hel\x01lo"'), good.replace(b'"hello"', b'"hel\tlo"'),  # raw: not JSON
+        good[:-3] + b'{\t"a":1}}', good[:-3] + b'{\n"a":1}}',  # JSON whitespace COPY cannot carry
+        good[:-3] + b'{"a":1},"b":{}}',  # a key after extras: the group is not one value
+        good[:-3] + b'{"a":1}}}', good[:-1] + b' }', good.replace(b".654321Z", b".654321+00:00"),
+        good.replace(b',"user_id":"u1"', b""), good.replace(b"twitch", b"tw\\u0069tch"),
+    ]
+    for entry in near:
+        assert canonical_line(entry) is None, entry
+
+
 def test_entries_to_entry_writes_become_lines() -> None:
     for entry in copied_entries():
         assert store.stageable(entry), entry[:60]
@@ -108,18 +157,23 @@ def test_the_test_run_has_orjson() -> None:
     assert fastjson.USING_ORJSON, "the test extra installs orjson: the tests above need it"
 
 
-def test_without_orjson_every_entry_is_left_to_postgresql() -> None:
+def test_without_orjson_only_canonical_entries_become_lines_and_the_same_ones() -> None:
     entries = copied_entries() + declined_entries()
     child = ("import json, sys\n"
              "from lumio_ingestd import fastjson\n"
              "from lumio_ingestd.chat.decode import copy_line\n"
              "entries = [bytes.fromhex(h) for h in json.load(sys.stdin)]\n"
-             "print(fastjson.USING_ORJSON, sum(copy_line(e) is not None for e in entries))\n")
+             "lines = [(line or b'').hex() for line in map(copy_line, entries)]\n"
+             "print(json.dumps([fastjson.USING_ORJSON] + lines))\n")
     out = subprocess.run([sys.executable, "-c", child], input=json.dumps([e.hex() for e in entries]),
                          env=dict(os.environ, LUMIO_INGESTD_NO_ORJSON="1"),
                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
                          timeout=60, check=True)
-    assert out.stdout.split() == ["False", "0"]
+    using_orjson, *lines = json.loads(out.stdout)
+    assert using_orjson is False
+    expected = [(canonical_line(e) or b"").hex() for e in entries]
+    assert lines == expected
+    assert all(canonical_line(e) is not None for e in canonical_entries())  # so `expected` has lines
 
 
 @pytest.fixture

@@ -97,10 +97,10 @@ def store_batches(lists: ChatLists, pool: Pool, metrics: Metrics, batches: Seque
     sent = [0] * len(batches)  # rows each batch sends to the database
     for index, batch in enumerate(batches):
         for raw in batch.entries:
-            if stageable(raw):
-                # Straight into the table as a COPY line where orjson parses it
-                # cheaply, else PostgreSQL takes the columns out (decode.copy_line).
-                line = copy_line(raw)
+            # Straight into the table as a COPY line where that is cheap and
+            # provably the same row, else PostgreSQL takes the columns out.
+            line = copy_line(raw)
+            if line is not None or stageable(raw):
                 rows.append(((index, raw), raw, True) if line is None else ((index, raw), line, False))
                 sent[index] += 1
                 continue
