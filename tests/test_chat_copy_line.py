@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,7 +31,7 @@ from chat_support import assert_exactly_once, make_messages, make_rig
 from harness.servers import PostgresServer
 from lumio_ingestd import fastjson, rediskeys
 from lumio_ingestd.chat import store
-from lumio_ingestd.chat.decode import canonical_line, copy_line
+from lumio_ingestd.chat.decode import canonical_line, copy_line, entry_row
 from lumio_ingestd.config import TimescaleConfig
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.model import ChatMessage
@@ -231,3 +233,84 @@ def test_the_flusher_copies_lines_and_stages_only_what_copy_line_declines(
         assert staged == [odd]  # the rest went in as COPY lines
     finally:
         rig.close()
+
+
+# Characters chosen to stress both encodings: every escape JSON and COPY share,
+# quotes, braces and the key names the pattern looks for, non-ASCII of 2, 3 and
+# 4 bytes; rarely, what JSON writes with a \u (a control character) or what
+# looks like one (a typed backslash-u).
+_ALPHABET = list('ab "\\/{}[]:,\t\n\r\b\f\x7fé你😀') + ['"extras":', "\\t"]
+_RARE = ["\x01", "\x1f", "\\u0041"]
+
+
+def _random_text(rng: random.Random) -> str:
+    text = "".join(rng.choice(_ALPHABET) for _ in range(rng.randint(0, 12)))
+    return text + rng.choice(_RARE) if rng.random() < 0.01 else text
+
+
+def _random_value(rng: random.Random, depth: int) -> Any:
+    kind = rng.randrange(6 if depth < 3 else 4)
+    if kind == 0:
+        return _random_text(rng)
+    if kind == 1:
+        return rng.choice([0, -7, 2**62, 2**80, 0.1, 2.5, -1e-7, 1.5e300, True, None])
+    if kind == 2:
+        return rng.choice(["", "plain"])
+    if kind == 3:
+        return rng.randint(-1000, 1000)
+    if kind == 4:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {_random_text(rng): _random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def random_entries(seed: int, n: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [ChatMessage.create(
+        platform="twitch", account_id=rng.choice([1, 7, 123456789012]), message_id=f"r{seed}-{i}",
+        created_at=WHEN, user_id=_random_text(rng), user_login=_random_text(rng),
+        display_name=_random_text(rng), text=_random_text(rng),
+        extras={_random_text(rng): _random_value(rng, 1) for _ in range(rng.randint(0, 3))}).to_entry()
+        for i in range(n)]
+
+
+_COPY_ESCAPE = re.compile(rb"\\(.)", re.S)
+_COPY_MEANING = {b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t", b"v": b"\v"}
+
+
+def copy_fields(line: bytes) -> list[bytes]:
+    """A COPY text line's values, as PostgreSQL reads them."""
+    return [_COPY_ESCAPE.sub(lambda m: _COPY_MEANING.get(m.group(1), m.group(1)), field)
+            for field in line.rstrip(b"\n").split(b"\t")]
+
+
+def test_random_entries_give_the_values_the_parsed_path_gives_or_are_declined() -> None:
+    joined = 0
+    for entry in random_entries(1, 3000):
+        line = canonical_line(entry)
+        if line is None:
+            assert b"\\u" in entry, entry  # the one thing to_entry writes that it declines
+            continue
+        joined += 1
+        expected = copy_fields(entry_row(entry)[0])  # parsed, then encoded by encode_row
+        got = copy_fields(line)
+        assert got[:8] == expected[:8], entry
+        assert json.loads(got[8]) == json.loads(expected[8]), entry
+    assert joined > 500  # the draw holds plenty without a \u escape
+
+
+def test_random_entries_store_the_rows_the_staging_stores(pg_conn: psycopg2.extensions.connection) -> None:
+    entries = [e for e in random_entries(2, 600) if canonical_line(e) is not None]
+    assert len(entries) > 400
+    read = ("SELECT message_id, account_id, platform, created_at, user_id, user_login, "
+            "display_name, text, extras FROM chat_messages ORDER BY message_id")
+    with pg_conn.cursor() as cur:
+        cur.execute("TRUNCATE chat_messages")
+        assert store.insert_encoded(cur, [canonical_line(e) or b"" for e in entries]) == len(entries)
+        cur.execute(read)
+        by_line = cur.fetchall()
+        cur.execute("TRUNCATE chat_messages")
+        assert store.insert_entries(cur, entries) == len(entries)
+        cur.execute(read)
+        staged = cur.fetchall()
+    pg_conn.rollback()
+    assert by_line == staged
