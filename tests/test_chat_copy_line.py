@@ -295,7 +295,7 @@ def test_random_entries_give_the_values_the_parsed_path_gives_or_are_declined() 
         got = copy_fields(line)
         assert got[:8] == expected[:8], entry
         assert json.loads(got[8]) == json.loads(expected[8]), entry
-    assert joined > 500  # the draw holds plenty without a \u escape
+    assert 2000 < joined < 3000  # most of the draw has no \u escape; some do
 
 
 def test_random_entries_store_the_rows_the_staging_stores(pg_conn: psycopg2.extensions.connection) -> None:
