@@ -34,7 +34,7 @@ from lumio_ingestd.chat import store
 from lumio_ingestd.chat.decode import canonical_line, copy_line, entry_row
 from lumio_ingestd.config import TimescaleConfig
 from lumio_ingestd.db.migrate import migrate
-from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.model import MAX_ENTRY_BYTES, ChatMessage
 from support import dbname_of
 
 WHEN = datetime(2026, 3, 1, 12, 0, 0, 654321, tzinfo=UTC)
@@ -139,6 +139,7 @@ def test_entries_near_to_entry_bytes_are_not_taken_for_canonical() -> None:
         good[:-3] + b'{"a":1},"b":{}}',  # a key after extras: the group is not one value
         good[:-3] + b'{"a":1}}}', good[:-1] + b' }', good.replace(b".654321Z", b".654321+00:00"),
         good.replace(b',"user_id":"u1"', b""), good.replace(b"twitch", b"tw\\u0069tch"),
+        good.replace(b'"hello"', b'"' + b"a" * MAX_ENTRY_BYTES + b'"'),  # past the entry cap
     ]
     for entry in near:
         assert canonical_line(entry) is None, entry
