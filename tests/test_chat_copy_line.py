@@ -190,22 +190,32 @@ def pg_conn(pg_server: PostgresServer, pg_dsn: str) -> Iterator[psycopg2.extensi
         conn.close()
 
 
+def stored_both_ways(conn: psycopg2.extensions.connection, lines: list[bytes],
+                     entries: list[bytes]) -> tuple[list[Any], list[Any]]:
+    """The rows `lines` store as COPY lines, and the rows `entries` store through the
+    jsonb staging (each alone in an empty table; rolled back after)."""
+    read = ("SELECT message_id, account_id, platform, created_at, user_id, user_login, "
+            "display_name, text, extras::text FROM chat_messages ORDER BY message_id")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("TRUNCATE chat_messages")
+            assert store.insert_encoded(cur, lines) == len(lines)
+            cur.execute(read)
+            by_line = cur.fetchall()
+            cur.execute("TRUNCATE chat_messages")
+            assert store.insert_entries(cur, entries) == len(entries)
+            cur.execute(read)
+            staged = cur.fetchall()
+    finally:
+        conn.rollback()
+    return by_line, staged
+
+
 def test_a_line_stores_the_row_the_staging_stores(pg_conn: psycopg2.extensions.connection) -> None:
     entries = copied_entries()
     lines = [copy_line(e) for e in entries]
     assert None not in lines
-    read = ("SELECT message_id, account_id, platform, created_at, user_id, user_login, "
-            "display_name, text, extras::text FROM chat_messages ORDER BY message_id")
-    with pg_conn.cursor() as cur:
-        cur.execute("TRUNCATE chat_messages")
-        assert store.insert_encoded(cur, [line for line in lines if line is not None]) == len(entries)
-        cur.execute(read)
-        by_line = cur.fetchall()
-        cur.execute("TRUNCATE chat_messages")
-        assert store.insert_entries(cur, entries) == len(entries)
-        cur.execute(read)
-        staged = cur.fetchall()
-    pg_conn.rollback()
+    by_line, staged = stored_both_ways(pg_conn, [line for line in lines if line is not None], entries)
     assert by_line == staged
     numbers = next(r for r in staged if r[0] == "numbers")
     assert "0.10" in numbers[8] and "123456789012345678901234567890" in numbers[8]
@@ -302,16 +312,5 @@ def test_random_entries_give_the_values_the_parsed_path_gives_or_are_declined() 
 def test_random_entries_store_the_rows_the_staging_stores(pg_conn: psycopg2.extensions.connection) -> None:
     entries = [e for e in random_entries(2, 600) if canonical_line(e) is not None]
     assert len(entries) > 400
-    read = ("SELECT message_id, account_id, platform, created_at, user_id, user_login, "
-            "display_name, text, extras FROM chat_messages ORDER BY message_id")
-    with pg_conn.cursor() as cur:
-        cur.execute("TRUNCATE chat_messages")
-        assert store.insert_encoded(cur, [canonical_line(e) or b"" for e in entries]) == len(entries)
-        cur.execute(read)
-        by_line = cur.fetchall()
-        cur.execute("TRUNCATE chat_messages")
-        assert store.insert_entries(cur, entries) == len(entries)
-        cur.execute(read)
-        staged = cur.fetchall()
-    pg_conn.rollback()
+    by_line, staged = stored_both_ways(pg_conn, [canonical_line(e) or b"" for e in entries], entries)
     assert by_line == staged
