@@ -18,6 +18,11 @@ A real `TwitchSource` subscribes to it, with the real `ChatQueue`,
   hands over at once); one `COPY chat_messages FROM STDIN` of their rows; and
   a naive baseline, one autocommitted INSERT per message (on `--naive` of them).
 
+Once, after the runs, on the last run's frames: the single-thread floor
+(`single_thread_floor`, median of three rounds), the CPU per message of each
+step with no thread beside it, and the highest end to end / parse + extract
+ratio that leaves.
+
 Prints a table and writes bench/results/bench_wire.json. Not a test: nothing
 here asserts a speed.
 """
@@ -30,7 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,6 +59,8 @@ from lumio_ingestd.seen import SeenDeliveries  # noqa: E402
 from lumio_ingestd.sessions import StreamSessions  # noqa: E402
 from lumio_ingestd.sources.twitch import build_twitch  # noqa: E402
 from lumio_ingestd.sources.twitch.mapping import interpret  # noqa: E402
+from lumio_ingestd.sources.ws import _FrameReader  # noqa: E402
+from lumio_ingestd.standins.twitch import TwitchStandin  # noqa: E402
 from support import write_ini  # noqa: E402
 
 REDIS_BATCH = 200  # ChatQueue's max_batch: what one source hands to Redis at once
@@ -175,6 +182,68 @@ def parse_extract_rate(frames: list[str]) -> float:
     return len(frames) / (time.perf_counter() - started)
 
 
+def _cpu_us_per(n: int, step: Callable[[], object]) -> float:
+    """This thread's CPU (user + system) per message for `step`, in microseconds."""
+    started = time.thread_time()
+    step()
+    return (time.thread_time() - started) / n * 1e6
+
+
+def single_thread_floor(cfg: Config, pg: PostgresServer, frames: list[str],
+                        repeats: int = 3) -> dict[str, float]:
+    """CPU per message (us) of each step of the pipeline, on this one thread, nothing else running.
+
+    A `Pipeline` of the same config, built and never started: its source and
+    its first flusher are driven from here, one step after the other, on the
+    run's frames. The steps: parse + extract (`interpret`, the reference of the
+    ratio); the frame read (`_FrameReader` on a buffer holding the frames'
+    wire bytes: the socket reads and the read loop are left out); the rest of the source
+    (`_dispatch`: dedup, the subscription check, the queue, the entry and the
+    pipelined RPUSH; its own parse + extract taken off); the flusher (claim,
+    COPY lines, COPY, commit, finish; its waits on PostgreSQL and Redis are
+    not CPU and are left out). Each step's median of `repeats` rounds, every
+    round on a new pipeline and an empty table. Their sum, `floor`, is what
+    one message costs the interpreter lock with no second thread to hand it
+    to, so `parse_extract / floor` is the highest end to end / parse +
+    extract ratio this code reaches on this machine: threads only add to it.
+    """
+    rounds = [_floor_round(cfg, pg, frames) for _ in range(repeats)]
+    out = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    out["floor"] = out["parse_extract"] + out["frame_read"] + out["source_rest"] + out["flush"]
+    out["ceiling_ratio"] = out["parse_extract"] / out["floor"]
+    return out
+
+
+def _floor_round(cfg: Config, pg: PostgresServer, frames: list[str]) -> dict[str, float]:
+    truncate(pg)  # the end-to-end runs (or the last round) stored these very messages
+    pipeline = Pipeline(cfg)
+    try:
+        source, flusher = pipeline.sources[0], pipeline.flushers[0]
+        n = len(frames)
+        data = [f.encode() for f in frames]
+        reader = _FrameReader(None)  # type: ignore[arg-type] # never reads: the buffer holds it all
+        reader._buf += b"".join(TwitchStandin.encode_bulk(frames))
+
+        def dispatch_all() -> None:
+            for d in data:
+                source.client._dispatch(d, None)  # type: ignore[arg-type] # only control frames use it
+            source.release()
+
+        def flush_all() -> None:
+            while pipeline.flushed() < n:
+                flusher.tick()
+
+        out = {"parse_extract": _cpu_us_per(n, lambda: [interpret(1, f) and None for f in frames]),
+               "frame_read": _cpu_us_per(n, lambda: [reader.message(0.0) and None for _ in data]),
+               "source": _cpu_us_per(n, dispatch_all),
+               "flush": _cpu_us_per(n, flush_all)}
+        check_stored(pg, n)
+    finally:
+        pipeline.close()
+    out["source_rest"] = out.pop("source") - out["parse_extract"]
+    return out
+
+
 def redis_pipeline_rate(rds: RedisServer, msgs: list[ChatMessage]) -> float:
     entries = [m.to_entry() for m in msgs]
     client = rds.client(socket_timeout=30)
@@ -255,12 +324,14 @@ def run(messages: int = 50_000, runs: int = 3, naive: int = 5_000) -> dict[str, 
                           file=sys.stderr, flush=True)
             finally:
                 pipeline.close()
+            floor = single_thread_floor(cfg, pg, frames)
         finally:
             standin.close()
     median = {key: statistics.median(r[key] for r in per_run) for key in per_run[0]}
     return {"messages_per_run": messages, "runs": runs, "naive_messages": min(naive, messages),
             "redis_batch": REDIS_BATCH, "flush_interval_secs": FLUSH_INTERVAL, "per_run": per_run,
-            "median": median, "ratio_end_to_end_to_copy": median["end_to_end"] / median["copy"],
+            "median": median, "single_thread_floor_us": floor,
+            "ratio_end_to_end_to_copy": median["end_to_end"] / median["copy"],
             "ratio_end_to_end_to_parse_extract": median["end_to_end"] / median["parse_extract"]}
 
 
@@ -272,6 +343,15 @@ ROWS = (
     ("redis_pipeline", f"RPUSH of their entries, pipelined batches of {REDIS_BATCH}"),
     ("copy", "one COPY of their rows into chat_messages"),
     ("naive_insert", "naive: one INSERT per message, autocommit"),
+)
+
+FLOOR_ROWS = (
+    ("parse_extract", "single thread, CPU us/msg: parse + extract"),
+    ("frame_read", "  + the frame read from a buffer"),
+    ("source_rest", "  + the rest of the source (dedup, queue, entry, RPUSH)"),
+    ("flush", "  + the flusher (claim, COPY lines, COPY, commit, finish)"),
+    ("floor", "  = the floor: one message, no second thread"),
+    ("ceiling_ratio", "highest end to end / parse + extract (parse + extract / floor)"),
 )
 
 
@@ -288,6 +368,8 @@ def main() -> int:
     print(f"{'ratio end to end / COPY':<68}{result['ratio_end_to_end_to_copy']:>12.2f}")
     print(f"{'ratio end to end / parse + extract':<68}"
           f"{result['ratio_end_to_end_to_parse_extract']:>12.2f}")
+    for key, label in FLOOR_ROWS:
+        print(f"{label:<68}{result['single_thread_floor_us'][key]:>12.2f}")
     write_result("bench_wire", result)
     return 0
 

@@ -8,7 +8,9 @@ lumio_ingestd.devservers, and the Twitch stand-in in a child process):
 (a) chat end to end, WebSocket frames on loopback to committed rows, beside
     the raw limits measured on the same frames in the same run: JSON parse,
     parse and extract, Redis pipeline, COPY, and a naive
-    one-INSERT-per-message baseline (bench_wire.py); then the same total over
+    one-INSERT-per-message baseline (bench_wire.py), and the single-thread
+    floor: each step's CPU per message with no thread beside it, and the
+    highest end to end / parse + extract ratio that leaves; then the same total over
     1, 4 and 16 sockets in one process, and two replicas (`shard = 0/2` and
     `1/2`, a process each) with the machine-wide figure
     (bench_wire_sockets.py, every pipeline in a child process);
@@ -157,6 +159,15 @@ def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
         ("    naive: one INSERT per message, autocommit", f"{med['naive_insert']:,.0f} msg/s"),
         ("    end to end / COPY", f"{a['ratio_end_to_end_to_copy']:.2f}"),
         ("    end to end / parse + extract", f"{a['ratio_end_to_end_to_parse_extract']:.2f}"),
+    ]
+    floor = a["single_thread_floor_us"]
+    rows += [
+        ("    one thread alone, CPU/msg: parse + extract", f"{floor['parse_extract']:.1f} us"),
+        ("      + frame read / rest of source / flusher",
+         f"{floor['frame_read']:.1f} / {floor['source_rest']:.1f} / {floor['flush']:.1f} us"),
+        ("      = the floor (no other thread)", f"{floor['floor']:.1f} us"),
+        ("    ceiling of end to end / parse + extract",
+         f"{floor['ceiling_ratio']:.2f}"),
     ]
     rows += sockets_rows(a["sockets"])
     normal, stopped, holed = b["persist_normal"], b["park_db_stopped"], b["park_blackholed"]
