@@ -15,7 +15,7 @@ process exactly there.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .. import rediskeys
@@ -92,29 +92,33 @@ def store_batches(lists: ChatLists, pool: Pool, metrics: Metrics, batches: Seque
     in-flight list is gone (so a Redis error half-way, raised, leaves the
     batches before it reported and the rest in flight, to be resumed).
     """
-    rows: list[Row[tuple[int, bytes]]] = []
     quarantine: list[list[bytes]] = [[] for _ in batches]
     sent = [0] * len(batches)  # rows each batch sends to the database
-    for index, batch in enumerate(batches):
-        for raw in batch.entries:
-            # Straight into the table as a COPY line where that is cheap and
-            # provably the same row, else PostgreSQL takes the columns out.
-            line = copy_line(raw)
-            if line is not None or stageable(raw):
-                rows.append(((index, raw), raw, True) if line is None else ((index, raw), line, False))
+
+    def rows() -> Iterator[Row[tuple[int, bytes]]]:
+        # Made while the COPY sends them (`store_rows_isolating`): all of them
+        # before it returns, so `sent` and `quarantine` are whole after it.
+        for index, batch in enumerate(batches):
+            for raw in batch.entries:
+                # Straight into the table as a COPY line where that is cheap and
+                # provably the same row, else PostgreSQL takes the columns out.
+                line = copy_line(raw)
+                if line is not None or stageable(raw):
+                    sent[index] += 1
+                    yield ((index, raw), raw, True) if line is None else ((index, raw), line, False)
+                    continue
+                try:
+                    row, repaired = entry_row(raw)
+                except EntryError:
+                    quarantine[index].append(quarantine_entry(raw, "undecodable", None))
+                    continue
+                if repaired:  # an entry written by something that skipped the edge
+                    metrics.chat_sanitized.inc()
                 sent[index] += 1
-                continue
-            try:
-                row, repaired = entry_row(raw)
-            except EntryError:
-                quarantine[index].append(quarantine_entry(raw, "undecodable", None))
-                continue
-            if repaired:  # an entry written by something that skipped the edge
-                metrics.chat_sanitized.inc()
-            rows.append(((index, raw), row, False))
-            sent[index] += 1
+                yield ((index, raw), row, False)
+
     try:
-        _, culprits = store_rows_isolating(pool, rows, deadline)
+        _, culprits = store_rows_isolating(pool, rows(), deadline)
     except DB_ERRORS as exc:
         raise BatchDeferred(exc, classify(exc)) from exc
     failpoint(f"{step}.inserted")
