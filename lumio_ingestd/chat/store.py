@@ -216,40 +216,41 @@ class _MadeWhileSent(Generic[T]):
         self._todo = itertools.chain((first,), rest)
         self._failed: Exception | None = None
 
-    def _next(self) -> Row[T] | None:
+    def _rows(self) -> Iterator[Row[T]]:
+        """The rows not made yet, each kept in `rows` as it is made."""
         if self._failed is not None:
             raise RowsNotMade(f"making the rows failed: {self._failed!r}") from self._failed
+        rows = self.rows
         try:
-            row = next(self._todo, None)
+            for row in self._todo:
+                rows.append(row)
+                yield row
         except Exception as exc:
             self._failed = exc
             raise RowsNotMade(f"making the rows failed: {exc!r}") from exc
-        if row is not None:
-            self.rows.append(row)
-        return row
 
     def read(self, size: int = -1, /) -> bytes:
         pieces: list[bytes] = []
         held = 0
-        while (row := self._next()) is not None:
-            if row[2]:
+        for _, payload, staged in self._rows():
+            if staged:
                 continue
-            pieces.append(row[1])
-            held += len(row[1])
+            pieces.append(payload)
+            held += len(payload)
             if held >= size > 0:
                 break
         return b"".join(pieces)
 
     def readline(self, size: int = -1, /) -> bytes:
         """One COPY line (the file protocol; psycopg2 `read`s a COPY FROM)."""
-        while (row := self._next()) is not None:
-            if not row[2]:
-                return row[1]
+        for _, payload, staged in self._rows():
+            if not staged:
+                return payload
         return b""
 
     def every_row(self) -> list[Row[T]]:
         """All of them: the ones not made yet are made now."""
-        while self._next() is not None:
+        for _ in self._rows():
             pass
         return self.rows
 
