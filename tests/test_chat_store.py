@@ -1,10 +1,11 @@
-"""The chat batch insert against a real PostgreSQL: idempotence, escaping, poison isolation."""
+"""The chat batch insert against a real PostgreSQL: idempotence, escaping, poison isolation,
+and rows made while the COPY sends them."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,14 @@ import pytest
 
 from chat_support import BASE_TIME, ChatRig, assert_exactly_once, make_messages, make_rig
 from harness.servers import PostgresServer
-from lumio_ingestd.chat.store import insert_chat, store_isolating
+from lumio_ingestd.chat.store import (
+    Row,
+    RowsNotMade,
+    encode_row,
+    insert_chat,
+    store_isolating,
+    store_rows_isolating,
+)
 from lumio_ingestd.db.errors import Kind
 from lumio_ingestd.model import ChatMessage
 from support import dbname_of
@@ -94,3 +102,99 @@ def test_store_isolating_raises_transient_errors_whole(
         assert rig.stored() == {}
     finally:
         rig.close()
+
+
+# -- rows made while the COPY sends them ------------------------------------------------------
+# The flusher and the dead-letter drain hand `store_rows_isolating` a generator:
+# each batch's COPY lines are made a piece at a time as psycopg2 reads them, so
+# PostgreSQL stores one piece while the next is made. These batches are many
+# pieces long (5,000 lines of ~180 bytes: ~28 pieces), and what goes wrong
+# goes wrong in a later piece: a refused row, rows already stored, a row that
+# cannot even be made.
+
+STREAMED = 5_000
+
+
+def _made(msgs: Sequence[ChatMessage], made: list[str]) -> Iterator[Row[str]]:
+    """The rows of `msgs`, each made only when asked for (its id appended to `made` then)."""
+    for msg in msgs:
+        made.append(msg.message_id)
+        yield msg.message_id, encode_row(msg), False
+
+
+def test_later_rows_are_made_while_postgresql_stores_earlier_ones(rig: ChatRig) -> None:
+    msgs = make_messages(STREAMED)
+    made: list[str] = []
+    seen_by_copy: list[int] = []
+
+    def watched() -> Iterator[Row[str]]:
+        for i, row in enumerate(_made(msgs, made)):
+            if i == STREAMED - 500:
+                # PostgreSQL's own progress counter of the COPY running now: rows
+                # made first and sent whole afterwards would leave it at nothing.
+                with rig.db() as conn, conn.cursor() as cur:
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        cur.execute("SELECT coalesce(max(tuples_processed), 0) FROM pg_stat_progress_copy")
+                        found = cur.fetchone()
+                        processed = int(found[0]) if found else 0
+                        if processed:
+                            break
+                        time.sleep(0.01)
+                    seen_by_copy.append(processed)
+            yield row
+
+    inserted, culprits = store_rows_isolating(rig.pool, watched(), _deadline())
+
+    assert (inserted, culprits) == (STREAMED, [])
+    assert seen_by_copy and 0 < seen_by_copy[0] < STREAMED
+    assert made == [m.message_id for m in msgs]  # each made once, in order
+    assert_exactly_once(rig.stored(), made)
+
+
+def test_a_refused_row_in_a_later_piece_is_isolated_and_the_rest_stored_once(rig: ChatRig) -> None:
+    msgs = make_messages(STREAMED)
+    poison = replace(msgs[4321], message_id="poison-account", account_id=2**70)  # past bigint
+    batch = [*msgs[:4321], poison, *msgs[4321:]]
+    made: list[str] = []
+
+    inserted, culprits = store_rows_isolating(rig.pool, _made(batch, made), _deadline())
+
+    assert inserted == STREAMED
+    assert [(item, v.kind, v.sqlstate) for item, v in culprits] == [
+        ("poison-account", Kind.PERMANENT, "22003")]
+    assert made == [m.message_id for m in batch]  # every row made, once, though the COPY failed
+    assert_exactly_once(rig.stored(), made, quarantined=["poison-account"])
+
+
+def test_rows_stored_before_in_a_later_piece_take_the_staging_path(rig: ChatRig) -> None:
+    msgs = make_messages(STREAMED)
+    with rig.pool.transaction(deadline=_deadline()) as cur:
+        assert insert_chat(cur, msgs[3000:4000]) == 1000
+    made: list[str] = []
+
+    inserted, culprits = store_rows_isolating(rig.pool, _made(msgs, made), _deadline())
+
+    assert (inserted, culprits) == (STREAMED - 1000, [])
+    assert made == [m.message_id for m in msgs]
+    assert_exactly_once(rig.stored(), made)
+
+
+def test_a_row_that_cannot_be_made_fails_the_batch_whole(rig: ChatRig) -> None:
+    """A bug while making rows is not a database error: nothing is split, nothing
+    committed, and it says so (the caller keeps the batch in flight)."""
+    msgs = make_messages(STREAMED)
+
+    def broken() -> Iterator[Row[str]]:
+        for i, row in enumerate(_made(msgs, [])):
+            if i == 3500:
+                raise RuntimeError("a bug while making row 3500")
+            yield row
+
+    with pytest.raises(RowsNotMade) as info:
+        store_rows_isolating(rig.pool, broken(), _deadline())
+
+    assert "row 3500" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert rig.stored() == {}
+
