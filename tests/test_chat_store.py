@@ -180,21 +180,22 @@ def test_rows_stored_before_in_a_later_piece_take_the_staging_path(rig: ChatRig)
     assert_exactly_once(rig.stored(), made)
 
 
-def test_a_row_that_cannot_be_made_fails_the_batch_whole(rig: ChatRig) -> None:
+@pytest.mark.parametrize("at", [0, 3500])
+def test_a_row_that_cannot_be_made_fails_the_batch_whole(rig: ChatRig, at: int) -> None:
     """A bug while making rows is not a database error: nothing is split, nothing
     committed, and it says so (the caller keeps the batch in flight)."""
     msgs = make_messages(STREAMED)
 
     def broken() -> Iterator[Row[str]]:
         for i, row in enumerate(_made(msgs, [])):
-            if i == 3500:
-                raise RuntimeError("a bug while making row 3500")
+            if i == at:
+                raise RuntimeError(f"a bug while making row {at}")
             yield row
 
     with pytest.raises(RowsNotMade) as info:
         store_rows_isolating(rig.pool, broken(), _deadline())
 
-    assert "row 3500" in str(info.value)
+    assert f"row {at}" in str(info.value)
     assert isinstance(info.value.__cause__, RuntimeError)
     assert rig.stored() == {}
 

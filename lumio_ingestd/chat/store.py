@@ -211,23 +211,37 @@ class _MadeWhileSent(Generic[T]):
     kept and raised as RowsNotMade, now and by every later call, whatever
     psycopg2 makes of it."""
 
-    def __init__(self, first: Row[T], rest: Iterator[Row[T]]) -> None:
+    def __init__(self, rows: Iterable[Row[T]]) -> None:
         self.rows: list[Row[T]] = []
-        self._todo = itertools.chain((first,), rest)
+        self._todo: Iterator[Row[T]] = iter(rows)
         self._failed: Exception | None = None
 
-    def _rows(self) -> Iterator[Row[T]]:
-        """The rows not made yet, each kept in `rows` as it is made."""
+    def any(self) -> bool:
+        """Whether there is a row at all (the first one is made now, and sent first)."""
+        for row in self._made():
+            self._todo = itertools.chain((row,), self._todo)
+            return True
+        return False
+
+    def _made(self) -> Iterator[Row[T]]:
+        """The rows not made yet, as they are made."""
         if self._failed is not None:
             raise RowsNotMade(f"making the rows failed: {self._failed!r}") from self._failed
-        rows = self.rows
         try:
-            for row in self._todo:
-                rows.append(row)
+            # Not `yield from`: a read that stops early closes this generator, and
+            # `yield from` would close the rows' own generator with it.
+            for row in self._todo:  # noqa: UP028
                 yield row
         except Exception as exc:
             self._failed = exc
             raise RowsNotMade(f"making the rows failed: {exc!r}") from exc
+
+    def _rows(self) -> Iterator[Row[T]]:
+        """`_made`, each row kept in `rows` as it is made."""
+        rows = self.rows
+        for row in self._made():
+            rows.append(row)
+            yield row
 
     def read(self, size: int = -1, /) -> bytes:
         pieces: list[bytes] = []
@@ -327,11 +341,9 @@ def store_rows_isolating(pool: Pool, rows: Iterable[Row[T]], deadline: float,
     database error. The culprits are returned as their items (a message, a
     raw entry).
     """
-    todo = iter(rows)
-    first = next(todo, None)
-    if first is None:
+    made = _MadeWhileSent(rows)
+    if not made.any():
         return 0, []
-    made = _MadeWhileSent(first, todo)
     try:
         with pool.transaction(deadline=deadline) as cur:
             inserted = made.insert(cur)
