@@ -301,11 +301,10 @@ def insert_entries(cur: Cursor, entries: Sequence[bytes]) -> int:
     return max(0, cur.rowcount)
 
 
-def insert_rows(cur: Cursor, rows: Sequence[Row[T]]) -> int:
+def insert_rows(cur: Cursor, rows: Iterable[Row[T]]) -> int:
     """Insert COPY lines and staged entries alike; returns the rows newly inserted."""
-    lines = [payload for _, payload, staged in rows if not staged]
-    entries = [payload for _, payload, staged in rows if staged]
-    return insert_encoded(cur, lines) + insert_entries(cur, entries)
+    made = _MadeWhileSent(rows)
+    return made.insert(cur) if made.any() else 0
 
 
 def store_isolating(pool: Pool, msgs: Sequence[ChatMessage], deadline: float,
