@@ -44,7 +44,7 @@ from lumio_ingestd.db.migrate import migrate  # noqa: E402
 from lumio_ingestd.db.pool import Pool  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.model import CHAT_COLUMNS, ChatMessage  # noqa: E402
-from lumio_ingestd.redisclient import connect  # noqa: E402
+from lumio_ingestd.stores.redisclient import connect  # noqa: E402
 
 ACCOUNTS = 4
 FLUSH_INTERVAL = 0.2

@@ -36,11 +36,11 @@ from accounts_support import account_section, sessions_of, subscribed  # noqa: E
 
 from daemon_support import Daemon  # noqa: E402
 from harness import PostgresServer, RedisServer  # noqa: E402
+from lumio_ingestd.cluster.membership import owner  # noqa: E402
 from lumio_ingestd.config import load  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
-from lumio_ingestd.devservers import wait_until  # noqa: E402
-from lumio_ingestd.membership import owner  # noqa: E402
-from lumio_ingestd.standins.twitch import TwitchStandin  # noqa: E402
+from lumio_ingestd.devkit.servers import wait_until  # noqa: E402
+from lumio_ingestd.devkit.standins.twitch import TwitchStandin  # noqa: E402
 from support import write_ini  # noqa: E402
 
 

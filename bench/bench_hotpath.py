@@ -34,11 +34,11 @@ import _paths  # noqa: F401 - first: it sets up sys.path
 
 from lumio_ingestd import fastjson  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatQueue  # noqa: E402
+from lumio_ingestd.devkit.standins import twitch_events as te  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.model import ChatMessage  # noqa: E402
 from lumio_ingestd.sources.twitch.eventsub import EventSubClient  # noqa: E402
 from lumio_ingestd.sources.twitch.mapping import Envelope, Notification, interpret  # noqa: E402
-from lumio_ingestd.standins import twitch_events as te  # noqa: E402
 
 BROADCASTER = "777001"
 

@@ -33,9 +33,9 @@ from harness import PostgresServer  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
 from lumio_ingestd.db.pool import Pool  # noqa: E402
 from lumio_ingestd.jetstream import store  # noqa: E402
-from lumio_ingestd.jetstream.protocol import Commit, decode  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
-from lumio_ingestd.sources.jetstream import JetstreamSource  # noqa: E402
+from lumio_ingestd.sources.jetstream.protocol import Commit, decode  # noqa: E402
+from lumio_ingestd.sources.jetstream.source import JetstreamSource  # noqa: E402
 from support import make_config  # noqa: E402
 
 DID = "did:plc:benchbenchbenchbenchbenc"

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_kick.py [--messages 20000] [--runs 3]
 
-Starts a private PostgreSQL and Redis (lumio_ingestd.devservers) and the
+Starts a private PostgreSQL and Redis (lumio_ingestd.devkit.servers) and the
 stand-in Kick's Pusher server in a process of its own
 (bench/kick_standin_server.py). A real `KickSource` subscribes to it, with
 the real `ChatQueue`, `ChatIngest` and the running flush threads (every 0.2 s).
@@ -40,13 +40,13 @@ from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.config import load  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
 from lumio_ingestd.db.pool import Pool  # noqa: E402
-from lumio_ingestd.devservers import PostgresServer, RedisServer, wait_until  # noqa: E402
+from lumio_ingestd.devkit.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
 from lumio_ingestd.events.persist import EventIngest  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
-from lumio_ingestd.redisclient import connect  # noqa: E402
 from lumio_ingestd.sources.kick.mapping import interpret  # noqa: E402
 from lumio_ingestd.sources.kick.source import KickSource  # noqa: E402
 from lumio_ingestd.sources.sink import EventSink  # noqa: E402
+from lumio_ingestd.stores.redisclient import connect  # noqa: E402
 from support import write_ini  # noqa: E402
 
 CHATROOM = 777001

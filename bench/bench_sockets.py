@@ -35,10 +35,10 @@ from lumio_ingestd.config import AccountConfig, Config, RedisConfig, Secret, Tim
 from lumio_ingestd.db.pool import Pool  # noqa: E402
 from lumio_ingestd.events.persist import EventIngest  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
-from lumio_ingestd.redisclient import connect  # noqa: E402
 from lumio_ingestd.sources.twitch.oauth import TokenStore  # noqa: E402
 from lumio_ingestd.sources.twitch.sink import TwitchSink  # noqa: E402
 from lumio_ingestd.sources.twitch.source import TwitchSource  # noqa: E402
+from lumio_ingestd.stores.redisclient import connect  # noqa: E402
 
 #: Nothing listens here: the idle sources never write, so the pool and Redis stay unconnected.
 UNUSED_DSN = "postgresql://lumio@127.0.0.1:1/unused"

@@ -29,7 +29,7 @@ from typing import Any
 from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 
 from lumio_ingestd.metrics import Metrics  # noqa: E402
-from lumio_ingestd.spool import Spool  # noqa: E402
+from lumio_ingestd.stores.spool import Spool  # noqa: E402
 
 
 def _entry(i: int, size: int) -> bytes:

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_wire.py [--messages 50000] [--runs 3] [--naive 5000]
 
-Starts a private PostgreSQL and Redis (lumio_ingestd.devservers, as the tests
+Starts a private PostgreSQL and Redis (lumio_ingestd.devkit.servers, as the tests
 do) and the stand-in Twitch in a process of its own (bench/standin_server.py:
 a load generator in this process would share the GIL with what is measured).
 A real `TwitchSource` subscribes to it, with the real `ChatQueue`,
@@ -50,17 +50,17 @@ from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.config import Config, TimescaleConfig, load  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
 from lumio_ingestd.db.pool import Pool  # noqa: E402
-from lumio_ingestd.devservers import PostgresServer, RedisServer, wait_until  # noqa: E402
+from lumio_ingestd.devkit.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
+from lumio_ingestd.devkit.standins.twitch import TwitchStandin  # noqa: E402
 from lumio_ingestd.events.persist import EventIngest  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.model import CHAT_COLUMNS, ChatMessage  # noqa: E402
-from lumio_ingestd.redisclient import connect  # noqa: E402
-from lumio_ingestd.seen import SeenDeliveries  # noqa: E402
-from lumio_ingestd.sessions import StreamSessions  # noqa: E402
 from lumio_ingestd.sources.twitch import build_twitch  # noqa: E402
 from lumio_ingestd.sources.twitch.mapping import interpret  # noqa: E402
 from lumio_ingestd.sources.ws import _FrameReader  # noqa: E402
-from lumio_ingestd.standins.twitch import TwitchStandin  # noqa: E402
+from lumio_ingestd.stores.redisclient import connect  # noqa: E402
+from lumio_ingestd.stores.seen import SeenDeliveries  # noqa: E402
+from lumio_ingestd.stores.sessions import StreamSessions  # noqa: E402
 from support import write_ini  # noqa: E402
 
 REDIS_BATCH = 200  # ChatQueue's max_batch: what one source hands to Redis at once

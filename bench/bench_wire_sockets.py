@@ -53,7 +53,7 @@ from bench_wire import Pipeline, broadcaster, servers, write_config  # noqa: E40
 from standin_server import StandinProcess  # noqa: E402
 
 from lumio_ingestd.config import load  # noqa: E402
-from lumio_ingestd.devservers import PostgresServer, RedisServer, wait_until  # noqa: E402
+from lumio_ingestd.devkit.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
 
 FLUSH_TIMEOUT_SECS = 600.0
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import _paths  # noqa: E402, F401 - first: it sets up sys.path
 
-from lumio_ingestd.standins.kick import KickStandin, PusherConnection, pusher_chat  # noqa: E402
+from lumio_ingestd.devkit.standins.kick import KickStandin, PusherConnection, pusher_chat  # noqa: E402
 
 
 def _reply(obj: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
     make bench          (or .venv/bin/python bench/run_all.py [--quick])
 
 Runs, in this process tree (each part starts its own private servers through
-lumio_ingestd.devservers, and the Twitch stand-in in a child process):
+lumio_ingestd.devkit.servers, and the Twitch stand-in in a child process):
 
 (a) chat end to end, WebSocket frames on loopback to committed rows, beside
     the raw limits measured on the same frames in the same run: JSON parse,
@@ -54,7 +54,7 @@ import bench_wire  # noqa: E402
 import bench_wire_sockets  # noqa: E402
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
-from lumio_ingestd.devservers import find_pg_bindir, find_redis_server  # noqa: E402
+from lumio_ingestd.devkit.servers import find_pg_bindir, find_redis_server  # noqa: E402
 
 FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naive": 5_000},
         "wire_sockets": {"messages": 50_000, "runs": 3, "sockets": (1, 4, 16), "replica_sockets": (1, 8)},

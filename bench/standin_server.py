@@ -46,8 +46,8 @@ from typing import Any
 import _paths  # noqa: E402, F401 - first: it sets up sys.path
 from _child import JsonLinesChild  # noqa: E402
 
-from lumio_ingestd.standins import twitch_events as te  # noqa: E402
-from lumio_ingestd.standins.twitch import StandinSession, TwitchStandin  # noqa: E402
+from lumio_ingestd.devkit.standins import twitch_events as te  # noqa: E402
+from lumio_ingestd.devkit.standins.twitch import StandinSession, TwitchStandin  # noqa: E402
 
 
 def _reply(obj: dict[str, Any]) -> None:

@@ -18,12 +18,13 @@ from typing import NoReturn
 
 import psycopg2
 
-from . import __version__, admin, exitcodes
-from .config import Config, ConfigError, load, redacted_lines, resolve_path
-from .db.errors import DatabaseUnavailable
-from .db.migrate import MigrationError, MigrationLockTimeout, migrate
-from .logs import setup_logging
-from .redisclient import REDIS_ERRORS
+from lumio_ingestd import __version__, exitcodes
+from lumio_ingestd.admin import commands as admin
+from lumio_ingestd.config import Config, ConfigError, load, redacted_lines, resolve_path
+from lumio_ingestd.db.errors import DatabaseUnavailable
+from lumio_ingestd.db.migrate import MigrationError, MigrationLockTimeout, migrate
+from lumio_ingestd.logs import setup_logging
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 
 log = logging.getLogger("lumio_ingestd")
 
@@ -131,7 +132,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if command == "demo":
         if args.config is not None:
             parser.error("demo takes no -c/--config: it writes a configuration of its own")
-        from .demo import main as demo  # the demo's dependencies only when it runs
+        from lumio_ingestd.devkit.demo import main as demo  # the demo's dependencies only when it runs
 
         return demo(duration=args.duration, chaos=args.chaos, rate=args.rate, keep=args.keep,
                     environ=env)
@@ -201,8 +202,11 @@ def _migrate(cfg: Config) -> int:
 
 def _run(cfg: Config, env: Mapping[str, str]) -> int:
     """The daemon: App.run() until a stop signal; SIGHUP reloads `cfg.path` with the same `env`."""
-    from . import gcpolicy
-    from .app import App, stragglers  # the runtime is only imported by the command that needs it
+    from lumio_ingestd.runtime import gcpolicy
+    from lumio_ingestd.runtime.app import (  # the runtime is only imported by the command that needs it
+        App,
+        stragglers,
+    )
 
     # `systemctl kill -s SIGUSR1 --kill-whom=main` prints every thread's stack without stopping us.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

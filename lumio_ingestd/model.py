@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from . import boundedjson, fastjson
+from lumio_ingestd import boundedjson, fastjson
 
 ENTRY_VERSION = 1
 #: The version `ChatMessage.to_entry` writes (see the module docstring).

@@ -17,7 +17,7 @@ import time
 
 import psycopg2
 
-from .db.errors import Classified, DatabaseUnavailable
+from lumio_ingestd.db.errors import Classified, DatabaseUnavailable
 
 
 class Outage:

@@ -17,9 +17,9 @@ import logging
 import threading
 import time
 
-from .metrics import Metrics
+from lumio_ingestd.metrics import Metrics
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.worker")
 
 #: How long a worker asked to stop lets a database call in progress go on
 #: before it is cut (a healthy commit takes milliseconds).

@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg2
 
 from fakes.twitch import FakeSession, FakeTwitch, StandinError
-from lumio_ingestd.standins.twitch_events import chat_event
+from lumio_ingestd.devkit.standins.twitch_events import chat_event
 
 CHAT = "channel.chat.message"
 

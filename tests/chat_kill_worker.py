@@ -23,7 +23,7 @@ from lumio_ingestd.chat.flusher import ChatFlusher  # noqa: E402
 from lumio_ingestd.config import load  # noqa: E402
 from lumio_ingestd.db.pool import Pool  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
-from lumio_ingestd.redisclient import connect  # noqa: E402
+from lumio_ingestd.stores.redisclient import connect  # noqa: E402
 
 
 def main() -> int:

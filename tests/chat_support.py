@@ -22,7 +22,6 @@ import psycopg2
 import psycopg2.extensions
 import redis
 
-from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.deadletter import ChatDeadLetterDrain
 from lumio_ingestd.chat.flusher import ChatFlusher, flush_threads
 from lumio_ingestd.chat.ingest import ChatIngest
@@ -31,8 +30,9 @@ from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage
-from lumio_ingestd.redisclient import connect
-from lumio_ingestd.spool import Spool
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.redisclient import connect
+from lumio_ingestd.stores.spool import Spool
 from support import make_config
 
 BASE_TIME = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)

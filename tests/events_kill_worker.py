@@ -28,7 +28,7 @@ from events_support import event_config  # noqa: E402
 from lumio_ingestd.db.pool import Pool  # noqa: E402
 from lumio_ingestd.events.retry import EventRetryWorker  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
-from lumio_ingestd.redisclient import connect  # noqa: E402
+from lumio_ingestd.stores.redisclient import connect  # noqa: E402
 
 
 def main() -> int:

@@ -21,7 +21,6 @@ import psycopg2.extras
 import redis
 
 from harness.servers import wait_until
-from lumio_ingestd import rediskeys
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
@@ -29,8 +28,9 @@ from lumio_ingestd.events.persist import EventIngest
 from lumio_ingestd.events.retry import EventRetryWorker
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import EventChild, PlatformEvent
-from lumio_ingestd.redisclient import connect
-from lumio_ingestd.spool import Spool
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.redisclient import connect
+from lumio_ingestd.stores.spool import Spool
 from support import make_config
 
 

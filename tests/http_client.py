@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from lumio_ingestd.httpserver import HttpServer, Routes
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.web.server import HttpServer, Routes
 
 
 @dataclass

@@ -24,22 +24,22 @@ import redis
 
 from fakes.kick import FakeKick
 from http_client import serving
-from lumio_ingestd.alerts import AlertPublisher
 from lumio_ingestd.chat.flusher import ChatFlusher
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events.persist import EventIngest
-from lumio_ingestd.httpserver import Routes
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.redisclient import connect
-from lumio_ingestd.seen import SeenDeliveries
-from lumio_ingestd.sessions import StreamSessions
 from lumio_ingestd.sources.kick import webhook_key
 from lumio_ingestd.sources.kick.source import KickSource
 from lumio_ingestd.sources.kick.webhook import MAX_BODY_BYTES, PATH, KickWebhook
 from lumio_ingestd.sources.sink import EventSink
+from lumio_ingestd.stores.redisclient import connect
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.stores.sessions import StreamSessions
+from lumio_ingestd.web.alerts import AlertPublisher
+from lumio_ingestd.web.server import Routes
 from support import make_config
 
 ACCOUNT = 42

@@ -22,13 +22,13 @@ import redis
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.devkit.standins.seventv import SevenTvStandin
 from lumio_ingestd.events.persist import EventIngest
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.redisclient import connect
-from lumio_ingestd.seventv.store import SetStateStore
 from lumio_ingestd.sources.seventv import Followed, SevenTvSource, followed_accounts
 from lumio_ingestd.sources.sink import EventSink
-from lumio_ingestd.standins.seventv import SevenTvStandin
+from lumio_ingestd.stores.redisclient import connect
+from lumio_ingestd.stores.seventv import SetStateStore
 from support import make_config
 
 #: Socket timers for tests: short waits everywhere, long ones only where a test asks.

@@ -19,18 +19,18 @@ from typing import Any
 import psycopg2
 import redis
 
-from lumio_ingestd.alerts import AlertPublisher
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.devkit.standins.streamelements import AstroStandin
 from lumio_ingestd.events.persist import EventIngest
 from lumio_ingestd.events.retry import EventRetryWorker
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.redisclient import connect
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamelements.source import StreamElementsSource
-from lumio_ingestd.spool import Spool
-from lumio_ingestd.standins.streamelements import AstroStandin
+from lumio_ingestd.stores.redisclient import connect
+from lumio_ingestd.stores.spool import Spool
+from lumio_ingestd.web.alerts import AlertPublisher
 from support import make_config
 
 ACCOUNT = 42

@@ -25,15 +25,15 @@ from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events.persist import EventIngest
 from lumio_ingestd.events.records import RecordWriters
 from lumio_ingestd.events.retry import EventRetryWorker
+from lumio_ingestd.events.streamstats import KIND, StreamStats, canary_record
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.redisclient import connect
-from lumio_ingestd.sessions import StreamSessions
 from lumio_ingestd.sources.apptoken import AppToken
 from lumio_ingestd.sources.httpclient import join
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamstatus import HelixStreams, StatusClient, StreamStatusPoller
-from lumio_ingestd.spool import Spool
-from lumio_ingestd.streamstats import KIND, StreamStats, canary_record
+from lumio_ingestd.stores.redisclient import connect
+from lumio_ingestd.stores.sessions import StreamSessions
+from lumio_ingestd.stores.spool import Spool
 from support import make_config
 
 

@@ -192,7 +192,7 @@ def test_the_plan_restarts_only_what_a_changed_account_touches() -> None:
     # when an account it serves changes; a reload with the same accounts plans nothing.
     from lumio_ingestd.config import AccountConfig, Config
     from lumio_ingestd.metrics import Metrics
-    from lumio_ingestd.reconcile import AccountParts, AccountWorkers
+    from lumio_ingestd.runtime.reconcile import AccountParts, AccountWorkers
     from lumio_ingestd.worker import Worker
 
     class Idle(Worker):

@@ -29,12 +29,13 @@ import pytest
 
 from chat_support import assert_exactly_once, make_messages, make_rig
 from harness.servers import PostgresServer
-from lumio_ingestd import fastjson, rediskeys
+from lumio_ingestd import fastjson
 from lumio_ingestd.chat import store
 from lumio_ingestd.chat.decode import canonical_line, copy_line, entry_row
 from lumio_ingestd.config import TimescaleConfig
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.model import MAX_ENTRY_BYTES, ChatMessage
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 WHEN = datetime(2026, 3, 1, 12, 0, 0, 654321, tzinfo=UTC)

@@ -23,7 +23,7 @@ from chat_support import (
     make_rig,
 )
 from harness.servers import PostgresServer, wait_until
-from lumio_ingestd import rediskeys
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 KILL_WORKER = Path(__file__).resolve().parent / "chat_kill_worker.py"

@@ -24,9 +24,9 @@ from chat_support import (
     make_rig,
 )
 from harness.servers import PostgresServer, RedisServer, wait_until
-from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.ingest import ChatQueue, ReplayDeferred, chat_spool_handler
 from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 

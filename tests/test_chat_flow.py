@@ -21,9 +21,9 @@ from chat_support import (
     make_rig,
 )
 from harness.servers import PostgresServer, wait_until
-from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.ingest import ChatQueue
 from lumio_ingestd.model import MAX_TEXT, ChatMessage
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 

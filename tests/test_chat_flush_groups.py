@@ -19,11 +19,12 @@ import pytest
 
 from chat_support import ChatRig, assert_exactly_once, counter_value, make_messages, make_rig
 from harness.servers import PostgresServer
-from lumio_ingestd import fastjson, rediskeys
+from lumio_ingestd import fastjson
 from lumio_ingestd.chat.batch import Claimed
 from lumio_ingestd.chat.flusher import transactions
 from lumio_ingestd.chat.store import stageable
 from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 

@@ -17,9 +17,9 @@ import pytest
 
 from chat_support import ChatRig, assert_exactly_once, make_messages, make_rig
 from harness.servers import PostgresServer, wait_until
-from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.flusher import flush_lanes
 from lumio_ingestd.chat.lists import ChatLists, Heartbeat, lane_owner, owner_instance, owner_lane
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 ACCOUNT = 7

@@ -13,7 +13,7 @@ import pytest
 
 from harness.servers import RedisServer
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.redisclient import check_durability
+from lumio_ingestd.stores.redisclient import check_durability
 
 
 def _gauge(metrics: Metrics, name: str) -> float | None:

@@ -20,10 +20,11 @@ import pytest
 
 from chat_support import ChatRig, assert_exactly_once, counter_value, make_messages, make_rig
 from harness.servers import PostgresServer
-from lumio_ingestd import fastjson, rediskeys
+from lumio_ingestd import fastjson
 from lumio_ingestd.chat import batch, decode
 from lumio_ingestd.chat.store import stageable
 from lumio_ingestd.model import CHAT_ENTRY_VERSION, MAX_ENTRY_BYTES, MAX_TEXT, ChatMessage
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 WHEN = datetime(2026, 3, 1, 12, 0, 0, 654321, tzinfo=UTC)

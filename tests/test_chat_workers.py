@@ -19,10 +19,10 @@ from chat_support import (
     make_rig,
 )
 from harness.servers import PostgresServer, RedisServer
-from lumio_ingestd import rediskeys
 from lumio_ingestd.chat.flusher import ChatFlusher
 from lumio_ingestd.chat.ingest import chat_spool_handler
 from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of, make_config
 
 

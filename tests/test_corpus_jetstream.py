@@ -20,10 +20,10 @@ from fakes.jetstream import FakeEvent, FakeJetstream
 from harness.servers import wait_until
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
-from lumio_ingestd.jetstream.protocol import Account, BadFrame, Commit, Heartbeat, Identity, decode
-from lumio_ingestd.jetstream.store import JetstreamStore
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.sources.jetstream import JetstreamSource
+from lumio_ingestd.sources.jetstream.protocol import Account, BadFrame, Commit, Heartbeat, Identity, decode
+from lumio_ingestd.sources.jetstream.source import JetstreamSource
+from lumio_ingestd.stores.jetstream import JetstreamStore
 from support import make_config
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "jetstream.jsonl"

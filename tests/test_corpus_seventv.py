@@ -20,7 +20,9 @@ import pytest
 from seventv_support import SevenTvRig, make_rig
 
 from harness.servers import wait_until
-from lumio_ingestd.seventv.protocol import (
+from lumio_ingestd.devkit.standins.seventv import SevenTvStandin
+from lumio_ingestd.sources.seventv import Followed
+from lumio_ingestd.sources.seventv.protocol import (
     BadFrame,
     Dispatch,
     Hello,
@@ -28,8 +30,6 @@ from lumio_ingestd.seventv.protocol import (
     set_update,
     user_update,
 )
-from lumio_ingestd.sources.seventv import Followed
-from lumio_ingestd.standins.seventv import SevenTvStandin
 
 CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus"
 FILE = CORPUS / "seventv.jsonl"

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from harness.servers import PostgresServer, wait_until
+from lumio_ingestd.devkit.standins.streamelements import AstroStandin, tip_doc
 from lumio_ingestd.sources.streamelements.protocol import (
     BadFrame,
     Frame,
@@ -31,7 +32,6 @@ from lumio_ingestd.sources.streamelements.protocol import (
     parse_frame,
     parse_token,
 )
-from lumio_ingestd.standins.streamelements import AstroStandin, tip_doc
 from streamelements_support import ROOM, TOKEN, SeRig, make_rig
 from support import dbname_of
 

@@ -30,10 +30,8 @@ from harness.servers import PostgresServer, wait_until
 from http_client import call, serving
 from lumio_ingestd.config import Secret
 from lumio_ingestd.events.store import DEDUP_WINDOW
-from lumio_ingestd.httpserver import Routes
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import parse_time
-from lumio_ingestd.seen import SeenDeliveries
 from lumio_ingestd.sources.twitch.helix import SUBSCRIPTIONS
 from lumio_ingestd.sources.twitch.mapping import (
     CHAT_TYPE,
@@ -42,6 +40,8 @@ from lumio_ingestd.sources.twitch.mapping import (
     subscription_type_of,
 )
 from lumio_ingestd.sources.twitch.webhook import PATH, TwitchWebhook, signature
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.web.server import Routes
 from support import dbname_of
 from twitch_support import TwitchRig, make_rig
 

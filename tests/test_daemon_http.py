@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from harness.servers import wait_until
-from lumio_ingestd.httpserver import MAX_HEADER_BYTES, HttpServer, Request, Response, Routes
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.web.server import MAX_HEADER_BYTES, HttpServer, Request, Response, Routes
 
 LIMIT = 1000
 

@@ -23,9 +23,9 @@ import redis
 from daemon_support import Daemon, NotifySocket, assert_exactly_once, wait_stored
 from harness import FaultProxyFactory, PostgresServer, RedisServer
 from harness.servers import wait_until
-from lumio_ingestd import rediskeys
 from lumio_ingestd.config import load
 from lumio_ingestd.db.migrate import migrate
+from lumio_ingestd.stores import rediskeys
 from support import write_ini
 
 SHUTDOWN_BUDGET = 8.0

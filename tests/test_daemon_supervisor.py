@@ -24,14 +24,14 @@ import pytest
 
 from daemon_support import NotifySocket
 from harness.servers import wait_until
-from lumio_ingestd import gcpolicy
-from lumio_ingestd.app import App, Parts, Role, RunResult, Supervisor
 from lumio_ingestd.config import Config
-from lumio_ingestd.httpserver import Request, Response, Stream, StreamResponse
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.sdnotify import Notifier, watchdog_interval
-from lumio_ingestd.shutdown import Shutdown, Stage
-from lumio_ingestd.signals import SignalQueue
+from lumio_ingestd.runtime import gcpolicy
+from lumio_ingestd.runtime.app import App, Parts, Role, RunResult, Supervisor
+from lumio_ingestd.runtime.sdnotify import Notifier, watchdog_interval
+from lumio_ingestd.runtime.shutdown import Shutdown, Stage
+from lumio_ingestd.runtime.signals import SignalQueue
+from lumio_ingestd.web.server import Request, Response, Stream, StreamResponse
 from lumio_ingestd.worker import Worker
 from support import make_config
 
@@ -165,7 +165,7 @@ def test_a_worker_that_dies_is_logged_and_restarted_with_backoff(
     worker = Dying("dying", metrics, deaths=3)
     sup = Supervisor(metrics, backoff_min=0.05, backoff_max=0.2)
     sup.add(worker, Role.SOURCE)
-    caplog.set_level(logging.INFO, "lumio_ingestd.app")
+    caplog.set_level(logging.INFO, "lumio_ingestd.runtime.app")
     sup.start_all()
     restarted_at: list[float] = []
 
@@ -374,7 +374,7 @@ def test_shutdown_order_http_requests_then_streams_sources_then_flush(
 
 def test_a_source_that_overruns_is_reported_and_the_flush_still_runs(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lumio_ingestd.app as app_module
+    import lumio_ingestd.runtime.app as app_module
 
     monkeypatch.setattr(app_module, "SOURCES_GRACE_SECS", 0.3)
     made: dict[str, Ticker] = {}

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from lumio_ingestd import cli
-from lumio_ingestd.demo.observe import Rows, Snapshot
-from lumio_ingestd.demo.progress import Console, status_line
-from lumio_ingestd.demo.summary import MACHINE_PREFIX
-from lumio_ingestd.demo.traffic import SentCounts
+from lumio_ingestd.devkit.demo.observe import Rows, Snapshot
+from lumio_ingestd.devkit.demo.progress import Console, status_line
+from lumio_ingestd.devkit.demo.summary import MACHINE_PREFIX
+from lumio_ingestd.devkit.demo.traffic import SentCounts
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMISED_EVENTS = {

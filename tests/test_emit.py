@@ -13,9 +13,9 @@ import pytest
 from harness.servers import PostgresServer, wait_until
 from http_client import Reply, call, serving
 from lumio_ingestd.config import Secret
-from lumio_ingestd.emit import MAX_BODY_BYTES, PATH, emit_handler
-from lumio_ingestd.httpserver import Routes
 from lumio_ingestd.model import parse_time
+from lumio_ingestd.web.emit import MAX_BODY_BYTES, PATH, emit_handler
+from lumio_ingestd.web.server import Routes
 from support import dbname_of
 from twitch_support import EMIT_TOKEN, TwitchRig, make_rig
 

@@ -28,10 +28,10 @@ from events_support import (
 )
 from harness.proxy import FaultProxy, FaultProxyFactory
 from harness.servers import PostgresServer, RedisServer, wait_until
-from lumio_ingestd import rediskeys
 from lumio_ingestd.events.deadletter import DEADLETTER_TTL_SECS
 from lumio_ingestd.events.persist import event_spool_handler
 from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 TIMEOUT = 3.0  # [events] insert_timeout_secs in these tests (the seed's value)

@@ -28,11 +28,11 @@ from events_support import (
     stored_ids,
     uuid_connection,
 )
-from lumio_ingestd import rediskeys
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.retry import MAX_TX_ENTRIES
 from lumio_ingestd.model import EventChild, PlatformEvent
+from lumio_ingestd.stores import rediskeys
 
 ACCOUNT = 8
 

@@ -26,10 +26,10 @@ from events_support import (
 )
 from harness.proxy import FaultProxy, FaultProxyFactory
 from harness.servers import PostgresServer, wait_until
-from lumio_ingestd import rediskeys
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.retry import EventRetryWorker
 from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 
 

@@ -26,22 +26,23 @@ from events_support import make_rig as make_event_rig
 from fakes.twitch import FakeTwitch, now_text
 from harness.servers import PostgresServer, wait_until
 from http_client import call, serving
-from lumio_ingestd import boundedjson, rediskeys
+from lumio_ingestd import boundedjson
 from lumio_ingestd.chat.ingest import chat_spool_handler
-from lumio_ingestd.emit import MAX_BODY_BYTES as EMIT_MAX_BODY
-from lumio_ingestd.emit import PATH as EMIT_PATH
-from lumio_ingestd.emit import emit_handler
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.persist import event_spool_handler
-from lumio_ingestd.httpserver import Routes
-from lumio_ingestd.jetstream.protocol import MAX_FRAME_BYTES, BadFrame, decode
 from lumio_ingestd.model import MAX_ENTRY_BYTES, MAX_JSON_STRING
-from lumio_ingestd.quarantine import quarantine_entry
-from lumio_ingestd.seen import SeenDeliveries
+from lumio_ingestd.sources.jetstream.protocol import MAX_FRAME_BYTES, BadFrame, decode
 from lumio_ingestd.sources.twitch.mapping import map_notification
 from lumio_ingestd.sources.twitch.webhook import MAX_BODY_BYTES as HOOK_MAX_BODY
 from lumio_ingestd.sources.twitch.webhook import PATH as HOOK_PATH
 from lumio_ingestd.sources.twitch.webhook import TwitchWebhook, signature
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.quarantine import quarantine_entry
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.web.emit import MAX_BODY_BYTES as EMIT_MAX_BODY
+from lumio_ingestd.web.emit import PATH as EMIT_PATH
+from lumio_ingestd.web.emit import emit_handler
+from lumio_ingestd.web.server import Routes
 from support import dbname_of
 from twitch_support import EMIT_TOKEN, WEBHOOK_SECRET, TwitchRig
 from twitch_support import make_rig as make_twitch_rig
@@ -257,9 +258,9 @@ def test_user_input_that_looks_like_json_is_kept_as_text_never_decoded(trig: Twi
 
 
 def test_the_other_platforms_decoders_refuse_deep_nesting_as_a_bad_frame() -> None:
-    from lumio_ingestd.seventv.protocol import BadFrame as SevenTvBadFrame
-    from lumio_ingestd.seventv.protocol import decode as seventv_decode
     from lumio_ingestd.sources.kick.mapping import parse_frame as kick_parse_frame
+    from lumio_ingestd.sources.seventv.protocol import BadFrame as SevenTvBadFrame
+    from lumio_ingestd.sources.seventv.protocol import decode as seventv_decode
     from lumio_ingestd.sources.streamelements.protocol import BadFrame as SeBadFrame
     from lumio_ingestd.sources.streamelements.protocol import parse_frame as se_parse_frame
     from lumio_ingestd.sources.twitch.mapping import BadFrame as KickBadFrame  # Kick shares it

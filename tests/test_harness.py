@@ -18,7 +18,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from harness import FaultProxy, FaultProxyFactory, HarnessError, PostgresServer, RedisServer
-from lumio_ingestd import devservers as servers_mod
+from lumio_ingestd.devkit import servers as servers_mod
 
 # -- helpers ---------------------------------------------------------------------
 

@@ -18,12 +18,12 @@ import pytest
 import twitch_frames as tf
 from events_support import children_of
 from harness.servers import PostgresServer
-from lumio_ingestd import rediskeys
 from lumio_ingestd.events.held import HeldGifts
 from lumio_ingestd.events.retry import EventRetryWorker
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.mapping import GIFT_TYPE, SUB_TYPE, Notification, map_notification
 from lumio_ingestd.sources.twitch.sink import TwitchSink
+from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 from twitch_support import TwitchRig, make_rig
 

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from harness.servers import wait_until
-from lumio_ingestd.alerts import AlertPublisher, stream_handler
 from lumio_ingestd.config import Secret
-from lumio_ingestd.httpserver import HttpServer, Request, Response, Routes
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.web.alerts import AlertPublisher, stream_handler
+from lumio_ingestd.web.server import HttpServer, Request, Response, Routes
 
 ABUSE_SECS = float(os.environ.get("LUMIO_HTTP_ABUSE_SECS", "4"))
 TOKEN = "abuse-test-token-0123456789"
@@ -304,7 +304,7 @@ def test_the_query_string_never_reaches_the_log(caplog: pytest.LogCaptureFixture
     srv = _server(_routes(), read_timeout_secs=0.5)
     port = srv.address[1]
     try:
-        with caplog.at_level(logging.DEBUG, logger="lumio_ingestd.httpserver"):
+        with caplog.at_level(logging.DEBUG, logger="lumio_ingestd.web.server"):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/healthz?token=sekrit-in-query")
             assert conn.getresponse().status == 200

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from fakes.jetstream import account, commit, identity, tid
-from lumio_ingestd.jetstream.protocol import (
+from lumio_ingestd.sources.jetstream.protocol import (
     BAD_FRAME_REASONS,
     Account,
     BadFrame,

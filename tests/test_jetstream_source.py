@@ -25,9 +25,9 @@ from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
-from lumio_ingestd.jetstream.store import JetstreamStore
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.sources.jetstream import JetstreamSource
+from lumio_ingestd.sources.jetstream.source import JetstreamSource
+from lumio_ingestd.stores.jetstream import JetstreamStore
 from support import make_config
 
 DID = "did:plc:streamer1111aaaa2222bbbb"
@@ -140,7 +140,7 @@ def value(metric: Any, *labels: str) -> float:
 
 def test_starts_live_without_a_saved_cursor_then_stores_and_alerts_after_commit(
         rig: Rig, fake: FakeJetstream, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="lumio_ingestd.sources.jetstream")
+    caplog.set_level(logging.INFO, logger="lumio_ingestd.sources.jetstream.source")
     fake.add(ev(commit(DID, at(0), "create", POST, "before")))  # before we connect: not replayed
     seen_committed: list[bool] = []
 

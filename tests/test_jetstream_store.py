@@ -14,8 +14,8 @@ from fakes.jetstream import commit, tid
 from harness.servers import PostgresServer
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
-from lumio_ingestd.jetstream import store
-from lumio_ingestd.jetstream.protocol import Commit, decode
+from lumio_ingestd.sources.jetstream.protocol import Commit, decode
+from lumio_ingestd.stores import jetstream as store
 from support import make_config
 
 DID = "did:plc:streamer1111aaaa2222bbbb"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from lumio_ingestd.db.pool import Pool
-from lumio_ingestd.jetstream.store import JetstreamStore
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PlatformEvent
-from lumio_ingestd.sources.jetstream import build_jetstream, post_alert
+from lumio_ingestd.sources.jetstream.source import build_jetstream, post_alert
+from lumio_ingestd.stores.jetstream import JetstreamStore
 from support import make_config
 
 ACCOUNTS = {

@@ -28,13 +28,13 @@ from chat_support import assert_exactly_once, counter_value, make_messages
 from chat_support import make_rig as make_chat_rig
 from fakes.twitch import FakeTwitch
 from harness.servers import PostgresServer, wait_until
-from lumio_ingestd import rediskeys
-from lumio_ingestd.app import StartupError, _claim_instance, build
 from lumio_ingestd.chat.lists import PROCESS_TOKEN, ChatLists, ClaimLost, InstanceClaim
 from lumio_ingestd.events.deadletter import DeadLetters
-from lumio_ingestd.framequarantine import FrameQuarantine
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.spool import Spool
+from lumio_ingestd.runtime.app import StartupError, _claim_instance, build
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.refused_frames import FrameQuarantine
+from lumio_ingestd.stores.spool import Spool
 from support import dbname_of, make_config
 from twitch_support import make_rig
 

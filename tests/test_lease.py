@@ -8,7 +8,7 @@ import time
 import redis
 
 from harness.servers import RedisServer, wait_until
-from lumio_ingestd.lease import Lease
+from lumio_ingestd.cluster.lease import Lease
 from lumio_ingestd.metrics import Metrics
 
 

@@ -25,7 +25,7 @@ from lumio_ingestd.db.pool import Cursor, Pool
 from lumio_ingestd.lifecycle.backfill import backfill_pool, link_events_to_sessions, run_backfills
 from lumio_ingestd.lifecycle.retention import run_retention
 from lumio_ingestd.model import ChatMessage, EventChild, PlatformEvent
-from lumio_ingestd.rediskeys import (
+from lumio_ingestd.stores.rediskeys import (
     chat_buffer,
     chat_deadletter,
     chat_quarantine,

@@ -11,8 +11,8 @@ import threading
 
 import redis
 
-from lumio_ingestd.lease import Lease, LeaseGated
-from lumio_ingestd.membership import Membership, owner
+from lumio_ingestd.cluster.lease import Lease, LeaseGated
+from lumio_ingestd.cluster.membership import Membership, owner
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.worker import Worker
 

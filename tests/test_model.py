@@ -19,7 +19,7 @@ from lumio_ingestd.model import (
     parse_time,
     uuid7,
 )
-from lumio_ingestd.quarantine import quarantine_entry
+from lumio_ingestd.stores.quarantine import quarantine_entry
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=UTC)
 

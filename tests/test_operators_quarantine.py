@@ -25,12 +25,12 @@ import pytest
 
 from chat_support import ChatRig, assert_exactly_once, make_messages, make_rig
 from harness.servers import wait_until
-from lumio_ingestd import rediskeys
+from lumio_ingestd.admin.quarantine import Quarantines
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.retry import EventRetryWorker
 from lumio_ingestd.model import PlatformEvent
-from lumio_ingestd.quarantine import entry_ident, quarantine_entry
-from lumio_ingestd.quarantine_admin import Quarantines
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.quarantine import entry_ident, quarantine_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 

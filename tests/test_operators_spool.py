@@ -18,12 +18,12 @@ from pathlib import Path
 import psycopg2
 import redis
 
-from lumio_ingestd import rediskeys
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage, PlatformEvent
-from lumio_ingestd.spool import Spool
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.spool import Spool
 from support import make_config
 
 ROOT = Path(__file__).resolve().parent.parent

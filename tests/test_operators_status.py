@@ -25,18 +25,18 @@ import redis
 from test_daemon_supervisor import _run_app
 
 from harness.servers import wait_until
-from lumio_ingestd import rediskeys
-from lumio_ingestd.app import App, Parts
 from lumio_ingestd.chat.lists import Heartbeat
+from lumio_ingestd.cluster.lease import Lease
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
-from lumio_ingestd.lease import Lease
-from lumio_ingestd.localstate import read_snapshot, snapshot_path
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage, PlatformEvent
-from lumio_ingestd.quarantine import quarantine_entry
+from lumio_ingestd.runtime.app import App, Parts
+from lumio_ingestd.runtime.localstate import read_snapshot, snapshot_path
 from lumio_ingestd.sources.base import Source, SourceClosed
-from lumio_ingestd.spool import Spool
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.quarantine import quarantine_entry
+from lumio_ingestd.stores.spool import Spool
 from support import make_config
 
 ROOT = Path(__file__).resolve().parent.parent

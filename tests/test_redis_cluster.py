@@ -26,13 +26,13 @@ from daemon_support import Daemon, NotifySocket, SyntheticTotals, assert_exactly
 from harness import PostgresServer
 from harness.cluster import RedisClusterServers
 from harness.servers import wait_until
+from lumio_ingestd.cluster.lease import Lease
+from lumio_ingestd.cluster.membership import Membership
 from lumio_ingestd.config import RedisConfig, load
 from lumio_ingestd.db.migrate import migrate
-from lumio_ingestd.lease import Lease
 from lumio_ingestd.lifecycle.redis_purge import delete_account_keys
-from lumio_ingestd.membership import Membership
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.redisclient import connect
+from lumio_ingestd.stores.redisclient import connect
 from support import write_ini
 
 SHUTDOWN_BUDGET = 8.0

@@ -17,7 +17,7 @@ from redis.exceptions import DataError
 from redis.utils import HIREDIS_AVAILABLE
 
 from lumio_ingestd.config import RedisConfig
-from lumio_ingestd.redisclient import OneWriteConnection, RespPacker, _connection_class, connect
+from lumio_ingestd.stores.redisclient import OneWriteConnection, RespPacker, _connection_class, connect
 
 
 class _CountingSocket:

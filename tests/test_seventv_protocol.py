@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lumio_ingestd.seventv.protocol import (
+from lumio_ingestd.sources.seventv.protocol import (
     Ack,
     BadFrame,
     BadResponse,

@@ -18,9 +18,9 @@ import pytest
 from seventv_support import SevenTvRig, make_rig
 
 from harness.servers import PostgresServer, wait_until
-from lumio_ingestd.seventv.protocol import SetState
+from lumio_ingestd.devkit.standins.seventv import SevenTvStandin
 from lumio_ingestd.sources.seventv import Followed
-from lumio_ingestd.standins.seventv import SevenTvStandin
+from lumio_ingestd.sources.seventv.protocol import SetState
 
 USER = "01HUSER0000000000000000001"
 TWITCH = "1001"
@@ -443,7 +443,7 @@ def test_stop_cuts_a_slow_rest_call(rig: SevenTvRig) -> None:
 
 
 def test_the_status_snapshot_shows_every_socket(rig: SevenTvRig) -> None:
-    from lumio_ingestd.localstate import build_snapshot
+    from lumio_ingestd.runtime.localstate import build_snapshot
 
     src = rig.source()
     ready(rig)

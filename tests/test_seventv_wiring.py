@@ -7,8 +7,8 @@ from pathlib import Path
 from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PlatformEvent
-from lumio_ingestd.seventv.protocol import SetState
 from lumio_ingestd.sources.seventv import build_seventv, followed_accounts
+from lumio_ingestd.sources.seventv.protocol import SetState
 from support import make_config
 
 ACCOUNTS = {

@@ -25,9 +25,9 @@ from accounts_support import Pump, account_section, sessions_of, stored_chat, su
 from daemon_support import Daemon
 from fakes.twitch import FakeTwitch
 from harness.servers import PostgresServer, wait_until
+from lumio_ingestd.cluster.membership import owner
 from lumio_ingestd.config import load
 from lumio_ingestd.db.migrate import migrate
-from lumio_ingestd.membership import owner
 from support import dbname_of, write_ini
 
 ACCOUNTS = list(range(1, 31))

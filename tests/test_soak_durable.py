@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lumio_ingestd.devservers import DevServerError, PostgresServer
+from lumio_ingestd.devkit.servers import DevServerError, PostgresServer
 from tools.soak import DURABLE_PG, require_durable
 
 ROWS_PER_COMMIT = 100

@@ -29,7 +29,7 @@ import pytest
 
 from harness.servers import wait_until
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.spool import HEADER_SIZE, MAGIC, Spool, SpoolError, SpoolReplayer, segment_name
+from lumio_ingestd.stores.spool import HEADER_SIZE, MAGIC, Spool, SpoolError, SpoolReplayer, segment_name
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD_HEAD = 9  # length u32, crc32 u32, kind u8
@@ -148,7 +148,7 @@ APPEND_CHILD = r"""
 import random, sys
 from pathlib import Path
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.spool import Spool
+from lumio_ingestd.stores.spool import Spool
 directory, first, seed, pad = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(seed)
 spool = Spool(directory, 1 << 30, Metrics(), segment_bytes=256 * 1024)
@@ -267,7 +267,7 @@ def test_torn_tail_is_truncated_counted_and_the_rest_kept(
             f.truncate(last_batch_start + record)  # one whole record of a three-record append
 
     metrics = Metrics()
-    caplog.set_level(logging.WARNING, logger="lumio_ingestd.spool")
+    caplog.set_level(logging.WARNING, logger="lumio_ingestd.stores.spool")
     spool = open_spool(directory, metrics)
     assert sample(metrics, "spool_torn_tails_total") == 1
     assert any(seg.name in r.getMessage() and str(last_batch_start) in r.getMessage()
@@ -319,7 +319,7 @@ def test_corruption_in_the_middle_is_skipped_counted_and_replay_goes_on(
     lost = {entries[10], entries[35], entries[93]}
 
     metrics = Metrics()
-    caplog.set_level(logging.INFO, logger="lumio_ingestd.spool")
+    caplog.set_level(logging.INFO, logger="lumio_ingestd.stores.spool")
     spool = open_spool(directory, metrics)
     assert sample(metrics, "spool_torn_tails_total") == 0, "damage with valid records after it is no tear"
     assert segs[3].stat().st_size == HEADER_SIZE + 10 * record, "the last file is not cut"
@@ -342,7 +342,7 @@ def test_segment_of_an_unknown_version_is_left_alone(tmp_path: Path,
     content = MAGIC + struct.pack("<II", 99, 0) + b"whatever a newer daemon wrote"
     foreign.write_bytes(content)
 
-    caplog.set_level(logging.ERROR, logger="lumio_ingestd.spool")
+    caplog.set_level(logging.ERROR, logger="lumio_ingestd.stores.spool")
     spool = open_spool(directory, Metrics())
     assert any(str(foreign) in r.getMessage() and "99" in r.getMessage() for r in caplog.records)
     spool.append("event", [b"new"])
@@ -390,7 +390,7 @@ REPLAY_CHILD = r"""
 import os, signal, sys
 from pathlib import Path
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.spool import Spool
+from lumio_ingestd.stores.spool import Spool
 directory, out, kill_at = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 spool = Spool(directory, 1 << 30, Metrics(), segment_bytes=int(sys.argv[4]))
 spool.open()
@@ -553,7 +553,7 @@ FILL_CHILD = r"""
 import errno, json, resource, signal, sys
 from pathlib import Path
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.spool import Spool, SpoolError
+from lumio_ingestd.stores.spool import Spool, SpoolError
 directory, mode, segment_bytes = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 if mode == "fsize":
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed

@@ -1,4 +1,4 @@
-"""The stand-ins' shared lifecycle (lumio_ingestd/standins/base.py), on real loopback sockets.
+"""The stand-ins' shared lifecycle (lumio_ingestd/devkit/standins/base.py), on real loopback sockets.
 
 What every stand-in relies on: free ports and URLs once started, named
 non-daemon threads, `close()` closing open WebSockets with 1001, waking the
@@ -20,12 +20,12 @@ from websockets.http11 import Request, Response
 from websockets.sync.client import connect
 from websockets.sync.server import ServerConnection
 
-from lumio_ingestd.standins.base import JsonHandler, StandinServers
-from lumio_ingestd.standins.jetstream import JetstreamStandin
-from lumio_ingestd.standins.kick import KickStandin
-from lumio_ingestd.standins.seventv import SevenTvStandin
-from lumio_ingestd.standins.streamelements import AstroStandin
-from lumio_ingestd.standins.twitch import TwitchStandin
+from lumio_ingestd.devkit.standins.base import JsonHandler, StandinServers
+from lumio_ingestd.devkit.standins.jetstream import JetstreamStandin
+from lumio_ingestd.devkit.standins.kick import KickStandin
+from lumio_ingestd.devkit.standins.seventv import SevenTvStandin
+from lumio_ingestd.devkit.standins.streamelements import AstroStandin
+from lumio_ingestd.devkit.standins.twitch import TwitchStandin
 
 
 def _handler() -> type[BaseHTTPRequestHandler]:

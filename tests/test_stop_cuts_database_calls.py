@@ -16,7 +16,7 @@ from lumio_ingestd.db.errors import DeadlineExceeded
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.redisclient import connect
+from lumio_ingestd.stores.redisclient import connect
 from support import dbname_of
 
 

@@ -13,11 +13,11 @@ import uuid
 from pathlib import Path
 
 from harness.servers import PostgresServer, RedisServer, wait_until
-from lumio_ingestd import rediskeys
+from lumio_ingestd.devkit.standins.streamelements import AstroStandin, activity_doc, tip_activity_doc, tip_doc
 from lumio_ingestd.events.persist import event_spool_handler
 from lumio_ingestd.model import PlatformEvent
 from lumio_ingestd.sources.streamelements.protocol import ACTIVITIES, TIPS
-from lumio_ingestd.standins.streamelements import AstroStandin, activity_doc, tip_activity_doc, tip_doc
+from lumio_ingestd.stores import rediskeys
 from streamelements_support import ACCOUNT, ROOM, TOKEN, SeRig, make_rig
 from support import dbname_of
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from lumio_ingestd.devkit.standins.streamelements import activity_doc, tip_activity_doc, tip_doc
 from lumio_ingestd.sources.streamelements.protocol import (
     ACTIVITIES,
     TIP_MODERATION,
@@ -18,7 +19,6 @@ from lumio_ingestd.sources.streamelements.protocol import (
     strip_pii,
     subscribe_request,
 )
-from lumio_ingestd.standins.streamelements import activity_doc, tip_activity_doc, tip_doc
 
 SECRET = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0.c2ln"
 

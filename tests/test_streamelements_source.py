@@ -24,8 +24,8 @@ import pytest
 import websocket
 
 from harness.servers import PostgresServer, wait_until
+from lumio_ingestd.devkit.standins.streamelements import AstroStandin, activity_doc, tip_activity_doc, tip_doc
 from lumio_ingestd.sources.streamelements.protocol import ACTIVITIES, TIPS
-from lumio_ingestd.standins.streamelements import AstroStandin, activity_doc, tip_activity_doc, tip_doc
 from streamelements_support import ROOM, TOKEN, SeRig, make_rig, write_token
 from support import dbname_of
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lumio_ingestd.app import build
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.runtime.app import build
 from lumio_ingestd.sources.streamelements import StreamElementsSource, build_streamelements
 from support import make_config
 

@@ -19,11 +19,11 @@ import pytest
 
 from events_support import parked, quarantined
 from harness.servers import PostgresServer, RedisServer
-from lumio_ingestd import rediskeys
 from lumio_ingestd.events.persist import event_spool_handler
 from lumio_ingestd.events.records import record_entry, record_kind
+from lumio_ingestd.events.streamstats import KIND, minute_of
 from lumio_ingestd.model import PlatformEvent
-from lumio_ingestd.streamstats import KIND, minute_of
+from lumio_ingestd.stores import rediskeys
 from streamstatus_support import StatusRig, make_status_rig
 from support import dbname_of
 

@@ -22,10 +22,10 @@ import twitch_frames as tf
 from fakes.twitch import FakeTwitch
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.events.persist import PersistResult
+from lumio_ingestd.events.streamstats import StreamStats
 from lumio_ingestd.model import PlatformEvent
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamstatus import StreamStatusPoller
-from lumio_ingestd.streamstats import StreamStats
 from streamstatus_support import StatusRig, helix_client, make_status_rig
 from support import dbname_of
 from twitch_support import TwitchRig
@@ -224,7 +224,7 @@ def trig(tmp_path: Path, pg_url: str, redis_url: str, fake: FakeTwitch) -> Itera
 
 def _socket_poller(trig: TwitchRig, fake: FakeTwitch, *, own_sessions: bool) -> StreamStatusPoller:
     """A poller beside the socket source, sharing its database (and its sessions, unless told)."""
-    from lumio_ingestd.sessions import StreamSessions
+    from lumio_ingestd.stores.sessions import StreamSessions
 
     sessions = StreamSessions(trig.pool, trig.metrics) if own_sessions else trig.sessions
     stats = StreamStats(trig.pool, trig.events.deadletters, None, trig.metrics)

@@ -20,7 +20,7 @@ from fakes.twitch import FakeTwitch
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.config import load
 from lumio_ingestd.db.migrate import migrate
-from lumio_ingestd.streamstats import minute_of
+from lumio_ingestd.events.streamstats import minute_of
 from streamstatus_support import db_rows
 from support import dbname_of, write_ini
 

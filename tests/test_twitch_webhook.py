@@ -14,9 +14,9 @@ import pytest
 import twitch_frames as tf
 from harness.servers import PostgresServer, wait_until
 from http_client import Reply, call, serving
-from lumio_ingestd.httpserver import Routes
-from lumio_ingestd.seen import SeenDeliveries
 from lumio_ingestd.sources.twitch.webhook import MAX_BODY_BYTES, PATH, TwitchWebhook, signature
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.web.server import Routes
 from support import dbname_of
 from twitch_support import WEBHOOK_SECRET, TwitchRig, make_rig
 

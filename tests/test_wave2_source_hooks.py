@@ -33,16 +33,16 @@ from fakes.kick import FakeKick, pusher_chat
 from harness.servers import wait_until
 from kick_support import CHAT_CHANNEL, CHATROOM, KickRig
 from kick_support import make_rig as make_kick_rig
-from lumio_ingestd.app import build
-from lumio_ingestd.framequarantine import FrameQuarantine
+from lumio_ingestd.devkit.standins.seventv import SevenTvStandin
+from lumio_ingestd.devkit.standins.streamelements import AstroStandin, tip_doc
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.runtime.app import build
 from lumio_ingestd.sources.base import Source
 from lumio_ingestd.sources.kick import KickSource
 from lumio_ingestd.sources.seventv import SevenTvSource
 from lumio_ingestd.sources.streamelements import StreamElementsSource
 from lumio_ingestd.sources.streamelements.protocol import ACTIVITIES, TIPS
-from lumio_ingestd.standins.seventv import SevenTvStandin
-from lumio_ingestd.standins.streamelements import AstroStandin, tip_doc
+from lumio_ingestd.stores.refused_frames import FrameQuarantine
 from streamelements_support import ROOM, TOKEN, SeRig
 from streamelements_support import make_rig as make_se_rig
 from support import make_config

@@ -2,7 +2,7 @@
 
 The corpus (../shared/corpus) is read only by the conformance test; these are
 the shapes the other tests rely on, with ids of our own. The event bodies are
-the stand-in's (`lumio_ingestd.standins.twitch_events`, shared with the demo);
+the stand-in's (`lumio_ingestd.devkit.standins.twitch_events`, shared with the demo);
 the frames around them are built here.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lumio_ingestd.standins.twitch_events import (
+from lumio_ingestd.devkit.standins.twitch_events import (
     BROADCASTER,
     chat_event,
     cheer_event,

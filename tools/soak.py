@@ -1,7 +1,7 @@
 """`make soak DURATION=600`: the demo's stack under steady load while faults run at random.
 
 The demo's private Redis (AOF on) and PostgreSQL, its Twitch and Jetstream
-stand-ins and the real daemon as a child process (lumio_ingestd.demo), with
+stand-ins and the real daemon as a child process (lumio_ingestd.devkit.demo), with
 the demo's traffic on two Twitch channels and Bluesky. Every few seconds a
 fault from ../shared/RELIABILITY.md is picked at random (seeded: the seed is
 printed first, `--seed N` replays the same schedule):
@@ -55,13 +55,13 @@ from pathlib import Path
 import psycopg2
 
 from lumio_ingestd import exitcodes
-from lumio_ingestd.demo.daemon import DaemonFailed, DaemonProcess
-from lumio_ingestd.demo.observe import AlertListener, Observer, Snapshot
-from lumio_ingestd.demo.run import _sources_ready
-from lumio_ingestd.demo.stack import Stack, start_stack
-from lumio_ingestd.demo.summary import build, render
-from lumio_ingestd.demo.traffic import TICK_SECS, Traffic
-from lumio_ingestd.devservers import DevServerError, cleanup_all, wait_until
+from lumio_ingestd.devkit.demo.daemon import DaemonFailed, DaemonProcess
+from lumio_ingestd.devkit.demo.observe import AlertListener, Observer, Snapshot
+from lumio_ingestd.devkit.demo.run import _sources_ready
+from lumio_ingestd.devkit.demo.stack import Stack, start_stack
+from lumio_ingestd.devkit.demo.summary import build, render
+from lumio_ingestd.devkit.demo.traffic import TICK_SECS, Traffic
+from lumio_ingestd.devkit.servers import DevServerError, cleanup_all, wait_until
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.worker import Worker
 

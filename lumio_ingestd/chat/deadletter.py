@@ -37,19 +37,19 @@ import time
 
 import redis
 
-from .. import rediskeys
-from ..config import Config
-from ..db.pool import Pool
-from ..lease import Lease
-from ..metrics import Metrics
-from ..outage import Outage, describe_redis_error
-from ..redisclient import REDIS_ERRORS
-from ..worker import STOP_GRACE_SECS, IntervalWorker
-from .batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
-from .flusher import default_heartbeat_ttl
-from .lists import DRAIN_SUFFIX, PROCESS_TOKEN, ChatLists, Heartbeat, InstanceClaim
+from lumio_ingestd.chat.batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
+from lumio_ingestd.chat.flusher import default_heartbeat_ttl
+from lumio_ingestd.chat.lists import DRAIN_SUFFIX, PROCESS_TOKEN, ChatLists, Heartbeat, InstanceClaim
+from lumio_ingestd.cluster.lease import Lease
+from lumio_ingestd.config import Config
+from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.outage import Outage, describe_redis_error
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.worker import STOP_GRACE_SECS, IntervalWorker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.chat.deadletter")
 
 
 class ChatDeadLetterDrain(IntervalWorker):

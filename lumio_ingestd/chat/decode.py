@@ -37,8 +37,9 @@ import re
 from datetime import datetime
 from typing import Any
 
-from .. import boundedjson, fastjson
-from ..model import (
+from lumio_ingestd import boundedjson, fastjson
+from lumio_ingestd.chat.store import NEEDS_REPAIR, encode_fields, encode_row, stageable
+from lumio_ingestd.model import (
     CHAT_ENTRY_VERSION,
     CHAT_ENTRY_VERSIONS,
     MAX_ENTRY_BYTES,
@@ -50,7 +51,6 @@ from ..model import (
     ChatMessage,
     EntryError,
 )
-from .store import NEEDS_REPAIR, encode_fields, encode_row, stageable
 
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 _EXTRAS_KEY = b',"extras":'

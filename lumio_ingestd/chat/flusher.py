@@ -63,14 +63,7 @@ from typing import Any
 
 import redis
 
-from .. import rediskeys
-from ..config import Config
-from ..db.pool import Pool
-from ..metrics import Metrics
-from ..outage import Outage, describe_redis_error
-from ..redisclient import REDIS_ERRORS
-from ..worker import STOP_GRACE_SECS, IntervalWorker
-from .batch import (
+from lumio_ingestd.chat.batch import (
     BatchDeferred,
     BatchOutcome,
     Claimed,
@@ -79,7 +72,7 @@ from .batch import (
     record_db_failure,
     store_batches,
 )
-from .lists import (
+from lumio_ingestd.chat.lists import (
     PROCESS_TOKEN,
     ChatKeys,
     ChatLists,
@@ -89,8 +82,15 @@ from .lists import (
     owner_instance,
     owner_lane,
 )
+from lumio_ingestd.config import Config
+from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.outage import Outage, describe_redis_error
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.worker import STOP_GRACE_SECS, IntervalWorker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.chat.flusher")
 
 #: Accounts claimed per round trip to Redis. Bounded so that a round over many
 #: accounts with full buffers holds at most this many batches (`flush_batch_size`

@@ -41,21 +41,21 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from .. import rediskeys
-from ..config import Config
-from ..db.errors import classify
-from ..db.pool import Pool
-from ..metrics import Metrics
-from ..model import ChatMessage, EntryError
-from ..outage import Outage, describe_db_error, describe_redis_error
-from ..quarantine import quarantine_entry
-from ..redisclient import REDIS_ERRORS
-from ..spool import Spool, SpoolError
-from .batch import record_db_failure
-from .decode import decode_entry
-from .store import DB_ERRORS, store_isolating
+from lumio_ingestd.chat.batch import record_db_failure
+from lumio_ingestd.chat.decode import decode_entry
+from lumio_ingestd.chat.store import DB_ERRORS, store_isolating
+from lumio_ingestd.config import Config
+from lumio_ingestd.db.errors import classify
+from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import ChatMessage, EntryError
+from lumio_ingestd.outage import Outage, describe_db_error, describe_redis_error
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.quarantine import quarantine_entry
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.spool import Spool, SpoolError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.chat.ingest")
 
 _Pending = list[tuple[ChatMessage, bytes]]
 

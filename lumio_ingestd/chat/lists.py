@@ -49,11 +49,11 @@ from typing import Any
 
 import redis
 
-from .. import rediskeys
-from ..instances import heartbeat_value
-from ..metrics import Metrics
+from lumio_ingestd.cluster.instances import heartbeat_value
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.stores import rediskeys
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.chat.lists")
 
 DRAIN_SUFFIX = ".dl"
 # A flush thread's owner suffix (`lane_owner`); config.py refuses instance ids that end so.

@@ -48,9 +48,9 @@ from typing import Generic, Protocol, TypeVar
 import psycopg2
 import psycopg2.errors
 
-from ..db.errors import Classified, DatabaseUnavailable, Kind, classify
-from ..db.pool import Cursor, Pool
-from ..model import CHAT_COLUMNS, CHAT_ENTRY_VERSION, MAX_ENTRY_BYTES, ChatMessage
+from lumio_ingestd.db.errors import Classified, DatabaseUnavailable, Kind, classify
+from lumio_ingestd.db.pool import Cursor, Pool
+from lumio_ingestd.model import CHAT_COLUMNS, CHAT_ENTRY_VERSION, MAX_ENTRY_BYTES, ChatMessage
 
 T = TypeVar("T")
 

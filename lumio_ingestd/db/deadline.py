@@ -25,9 +25,9 @@ from typing import Any
 
 import psycopg2
 
-from .errors import DeadlineExceeded
+from lumio_ingestd.db.errors import DeadlineExceeded
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.db.deadline")
 
 
 class DeadlineGuard:

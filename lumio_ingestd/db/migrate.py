@@ -1,4 +1,4 @@
-"""Applying the versioned SQL migrations shipped in `lumio_ingestd.migrations`.
+"""Applying the versioned SQL migrations shipped in `lumio_ingestd.db.migrations`.
 
 Migrations run on a dedicated connection, never a pooled one, with
 `statement_timeout = 0` (DDL on a large table may legitimately take long) and
@@ -25,10 +25,10 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from ..config import TimescaleConfig
-from .pool import connect_kwargs
+from lumio_ingestd.config import TimescaleConfig
+from lumio_ingestd.db.pool import connect_kwargs
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.db.migrate")
 
 # Any fixed 64-bit number shared by every migrator of this schema.
 MIGRATOR_LOCK_KEY = 0x6C756D696F6D6967  # "lumiomig"
@@ -66,7 +66,7 @@ class MigrationLockTimeout(MigrationError):
 
 def packaged_migrations() -> list[Migration]:
     found = []
-    for entry in resources.files("lumio_ingestd.migrations").iterdir():
+    for entry in resources.files("lumio_ingestd.db.migrations").iterdir():
         match = _NAME.match(entry.name)
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8")))

@@ -27,11 +27,11 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
-from ..config import TimescaleConfig
-from .deadline import DeadlineGuard
-from .errors import DatabaseUnavailable, DeadlineExceeded, PoolReentryError, PoolTimeout
+from lumio_ingestd.config import TimescaleConfig
+from lumio_ingestd.db.deadline import DeadlineGuard
+from lumio_ingestd.db.errors import DatabaseUnavailable, DeadlineExceeded, PoolReentryError, PoolTimeout
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.db.pool")
 
 Connection = psycopg2.extensions.connection
 Cursor = psycopg2.extensions.cursor

@@ -27,8 +27,8 @@ from typing import cast
 
 import redis
 
-from .. import rediskeys
-from ..quarantine import quarantine_entry
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.quarantine import quarantine_entry
 
 # The dead-letter key's TTL, refreshed on every park and every put-back. It
 # is only a far safety net for a deployment whose replayers are all gone:

@@ -31,14 +31,14 @@ from typing import Any
 
 import redis
 
-from .. import rediskeys
-from ..chat.lists import PROCESS_TOKEN
-from ..logs import Throttled
-from ..model import PlatformEvent
-from ..redisclient import REDIS_ERRORS
-from .deadletter import DEADLETTER_TTL_SECS
+from lumio_ingestd.chat.lists import PROCESS_TOKEN
+from lumio_ingestd.events.deadletter import DEADLETTER_TTL_SECS
+from lumio_ingestd.logs import Throttled
+from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.events.held")
 
 _PATTERN = "lumio:events:held:{*}:*"
 

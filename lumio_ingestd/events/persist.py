@@ -42,20 +42,20 @@ from typing import Literal, Protocol
 
 import redis
 
-from .. import boundedjson
-from ..config import Config
-from ..db.errors import Classified, Kind, classify
-from ..db.pool import Pool
-from ..metrics import Metrics
-from ..model import MAX_ENTRY_BYTES, EntryError, PlatformEvent
-from ..outage import Outage, describe_db_error
-from ..redisclient import REDIS_ERRORS
-from ..spool import SpoolError
-from . import store
-from .deadletter import DeadLetters
-from .records import RecordWriters, record_kind
+from lumio_ingestd import boundedjson
+from lumio_ingestd.config import Config
+from lumio_ingestd.db.errors import Classified, Kind, classify
+from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.events import store
+from lumio_ingestd.events.deadletter import DeadLetters
+from lumio_ingestd.events.records import RecordWriters, record_kind
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import MAX_ENTRY_BYTES, EntryError, PlatformEvent
+from lumio_ingestd.outage import Outage, describe_db_error
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.spool import SpoolError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.events.persist")
 
 Outcome = Literal["stored", "duplicate", "parked", "spooled", "rejected", "lost", "unavailable"]
 
@@ -63,7 +63,7 @@ SPOOL_KIND = "event"
 
 
 class EventSpool(Protocol):
-    """The part of `lumio_ingestd.spool.Spool` this module uses."""
+    """The part of `lumio_ingestd.stores.spool.Spool` this module uses."""
 
     def append(self, kind: str, entries: Sequence[bytes]) -> None: ...
 

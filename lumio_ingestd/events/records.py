@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 import psycopg2.extensions
 
-from .. import boundedjson
-from ..model import MAX_ENTRY_BYTES, PlatformEvent
+from lumio_ingestd import boundedjson
+from lumio_ingestd.model import MAX_ENTRY_BYTES, PlatformEvent
 
 Cursor = psycopg2.extensions.cursor
 

@@ -74,23 +74,23 @@ from datetime import UTC, datetime, timedelta
 
 import redis
 
-from .. import rediskeys
-from ..config import Config
-from ..db.errors import Classified, Kind, classify
-from ..db.pool import Pool
-from ..instances import heartbeat_value
-from ..lease import Lease
-from ..metrics import Metrics
-from ..model import EntryError, EventChild, PlatformEvent
-from ..outage import Outage, describe_redis_error
-from ..redisclient import REDIS_ERRORS
-from ..worker import STOP_GRACE_SECS, IntervalWorker
-from . import store
-from .deadletter import DEADLETTER_TTL_SECS, DeadLetters
-from .held import HeldGifts
-from .records import RecordWriter, RecordWriters, record_kind
+from lumio_ingestd.cluster.instances import heartbeat_value
+from lumio_ingestd.cluster.lease import Lease
+from lumio_ingestd.config import Config
+from lumio_ingestd.db.errors import Classified, Kind, classify
+from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.events import store
+from lumio_ingestd.events.deadletter import DEADLETTER_TTL_SECS, DeadLetters
+from lumio_ingestd.events.held import HeldGifts
+from lumio_ingestd.events.records import RecordWriter, RecordWriters, record_kind
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import EntryError, EventChild, PlatformEvent
+from lumio_ingestd.outage import Outage, describe_redis_error
+from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.worker import STOP_GRACE_SECS, IntervalWorker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.events.retry")
 
 Failpoint = Callable[[str], None]
 

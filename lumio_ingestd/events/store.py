@@ -36,7 +36,7 @@ from datetime import timedelta
 
 import psycopg2.extensions
 
-from ..model import PlatformEvent
+from lumio_ingestd.model import PlatformEvent
 
 Connection = psycopg2.extensions.connection
 Cursor = psycopg2.extensions.cursor

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Config
-from ..db.pool import Cursor, Pool
-from ..metrics import Metrics
-from ..worker import STOP_GRACE_SECS, Worker
+from lumio_ingestd.config import Config
+from lumio_ingestd.db.pool import Cursor, Pool
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.worker import STOP_GRACE_SECS, Worker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.lifecycle.backfill")
 
 
 def link_events_to_sessions(cur: Cursor) -> int:

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass
 
 import redis
 
-from ..db.pool import Pool
-from .redis_purge import delete_account_keys
+from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.lifecycle.redis_purge import delete_account_keys
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.lifecycle.dissolve")
 
 
 @dataclass

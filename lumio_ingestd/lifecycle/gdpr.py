@@ -22,11 +22,11 @@ from uuid import UUID
 
 import redis
 
-from ..db.pool import Cursor, Pool
-from ..model import format_time
-from .redis_purge import purge_user
+from lumio_ingestd.db.pool import Cursor, Pool
+from lumio_ingestd.lifecycle.redis_purge import purge_user
+from lumio_ingestd.model import format_time
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.lifecycle.gdpr")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import redis
 
-from ..redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 
 # Removes entries whose platform and user_id match; in entries that are kept,
 # drops matching children (gift recipients) and rewrites the entry in place.

@@ -16,12 +16,12 @@ import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from ..config import Config
-from ..db.pool import Cursor, Pool
-from ..metrics import Metrics
-from ..worker import STOP_GRACE_SECS, IntervalWorker
+from lumio_ingestd.config import Config
+from lumio_ingestd.db.pool import Cursor, Pool
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.worker import STOP_GRACE_SECS, IntervalWorker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.lifecycle.retention")
 
 DAY_SECS = 86_400.0
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Config
-from ..metrics import Metrics
-from ..model import PlatformEvent
-from ..worker import Worker
-from .synthetic import ChatQueueLike, SyntheticSource
+from lumio_ingestd.config import Config
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.sources.synthetic import ChatQueueLike, SyntheticSource
+from lumio_ingestd.worker import Worker
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlencode
 
-from ..config import Secret
-from .httpclient import Cancel, HttpUnavailable, request
+from lumio_ingestd.config import Secret
+from lumio_ingestd.sources.httpclient import Cancel, HttpUnavailable, request
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.apptoken")
 
 #: A new token is fetched when the current one has less than this left.
 RENEW_BEFORE_SECS = 300.0

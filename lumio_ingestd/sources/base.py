@@ -44,12 +44,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..framequarantine import FrameSink
-from ..metrics import Metrics
-from ..worker import Worker
-from .ws import WsClosed, WsConnection
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources.ws import WsClosed, WsConnection
+from lumio_ingestd.stores.refused_frames import FrameSink
+from lumio_ingestd.worker import Worker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.base")
 
 
 class SourceClosed(Exception):

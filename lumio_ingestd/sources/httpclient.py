@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from .. import boundedjson
+from lumio_ingestd import boundedjson
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 

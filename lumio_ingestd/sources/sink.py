@@ -22,9 +22,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
-from ..events.persist import PersistResult
-from ..model import PlatformEvent
-from ..sessions import StreamChange, StreamSessions, offline_external_id
+from lumio_ingestd.events.persist import PersistResult
+from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.stores.sessions import StreamChange, StreamSessions, offline_external_id
 
 #: The outcomes that mean: this delivery was taken now (and is announced).
 TAKEN = ("stored", "parked", "spooled")

@@ -56,18 +56,18 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
-from ..config import Config
-from ..metrics import Metrics
-from ..model import PlatformEvent, parse_time
-from ..outage import Outage
-from ..sessions import OpenSession, StreamChange, offline_external_id
-from ..worker import Worker
-from .apptoken import AppToken, AppTokenError
-from .httpclient import Cancel, HttpResult, HttpUnavailable, join, request
-from .kick.mapping import stream_key
-from .sink import TAKEN, EventSink
+from lumio_ingestd.config import Config
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import PlatformEvent, parse_time
+from lumio_ingestd.outage import Outage
+from lumio_ingestd.sources.apptoken import AppToken, AppTokenError
+from lumio_ingestd.sources.httpclient import Cancel, HttpResult, HttpUnavailable, join, request
+from lumio_ingestd.sources.kick.mapping import stream_key
+from lumio_ingestd.sources.sink import TAKEN, EventSink
+from lumio_ingestd.stores.sessions import OpenSession, StreamChange, offline_external_id
+from lumio_ingestd.worker import Worker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.streamstatus")
 
 #: Consecutive offline answers that close a session.
 OFFLINE_POLLS = 2

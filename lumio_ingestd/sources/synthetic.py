@@ -24,12 +24,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ..config import SyntheticConfig
-from ..metrics import Metrics
-from ..model import ChatMessage, PlatformEvent
-from ..worker import Worker
+from lumio_ingestd.config import SyntheticConfig
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import ChatMessage, PlatformEvent
+from lumio_ingestd.worker import Worker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.synthetic")
 
 PLATFORM = "synthetic"
 EVENT_TYPE = "synthetic.tip"

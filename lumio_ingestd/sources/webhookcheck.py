@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from ..httpserver import Request, Response
-from ..logs import Throttled
-from ..model import parse_time
+from lumio_ingestd.logs import Throttled
+from lumio_ingestd.model import parse_time
+from lumio_ingestd.web.server import Request, Response
 
 
 class WebhookChecks:

@@ -1,1 +1,1 @@
-"""The tests' names for the platform stand-ins, which live in `lumio_ingestd.standins`."""
+"""The tests' names for the platform stand-ins, which live in `lumio_ingestd.devkit.standins`."""

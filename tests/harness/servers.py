@@ -1,4 +1,4 @@
-"""The tests' names for the private servers, which live in `lumio_ingestd.devservers`.
+"""The tests' names for the private servers, which live in `lumio_ingestd.devkit.servers`.
 
 The launcher moved into the package so that `lumio-ingestd demo`, the
 benchmarks and the tests share one copy; the tests keep importing it from
@@ -7,7 +7,7 @@ here (`from harness.servers import PostgresServer, wait_until`).
 
 from __future__ import annotations
 
-from lumio_ingestd.devservers import (
+from lumio_ingestd.devkit.servers import (
     DevServerError,
     PostgresServer,
     RedisServer,

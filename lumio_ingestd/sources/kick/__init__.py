@@ -18,19 +18,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...config import Config
-from ...events.persist import PersistResult
-from ...httpserver import Routes
-from ...metrics import Metrics
-from ...model import ChatMessage, PlatformEvent
-from ...seen import SeenDeliveries
-from ...sessions import StreamSessions
-from ..apptoken import AppToken
-from ..sink import Alerts, EventSink
-from .signature import KeyFormatError, RsaPublicKey, packaged_key, parse_public_key_pem
-from .source import ChatQueueLike, KickSource
-from .subscriptions import KickSubscriptions
-from .webhook import MAX_BODY_BYTES, PATH, KickWebhook
+from lumio_ingestd.config import Config
+from lumio_ingestd.events.persist import PersistResult
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import ChatMessage, PlatformEvent
+from lumio_ingestd.sources.apptoken import AppToken
+from lumio_ingestd.sources.kick.signature import (
+    KeyFormatError,
+    RsaPublicKey,
+    packaged_key,
+    parse_public_key_pem,
+)
+from lumio_ingestd.sources.kick.source import ChatQueueLike, KickSource
+from lumio_ingestd.sources.kick.subscriptions import KickSubscriptions
+from lumio_ingestd.sources.kick.webhook import MAX_BODY_BYTES, PATH, KickWebhook
+from lumio_ingestd.sources.sink import Alerts, EventSink
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.stores.sessions import StreamSessions
+from lumio_ingestd.web.server import Routes
 
 KEY_SETTING = "[kick] webhook_public_key_file"
 

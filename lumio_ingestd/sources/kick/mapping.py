@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ... import boundedjson, fastjson
-from ...model import MAX_JSON_DEPTH, ChatMessage, EventChild, PlatformEvent, frame_is_clean
-from ...sessions import StreamChange
-from ..twitch.mapping import BadFrame, decode_checked, decode_json, sane_time
+from lumio_ingestd import boundedjson, fastjson
+from lumio_ingestd.model import MAX_JSON_DEPTH, ChatMessage, EventChild, PlatformEvent, frame_is_clean
+from lumio_ingestd.sources.twitch.mapping import BadFrame, decode_checked, decode_json, sane_time
+from lumio_ingestd.stores.sessions import StreamChange
 
 PLATFORM = "kick"
 BUCKET_SECS = 300

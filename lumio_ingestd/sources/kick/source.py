@@ -42,16 +42,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ... import boundedjson
-from ...config import AccountConfig, KickConfig
-from ...metrics import Metrics
-from ...model import ChatMessage
-from ..base import Source, SourceClosed
-from ..sink import EventSink
-from ..ws import Binary, WsClosed, WsConnection
-from .mapping import BUCKET_SECS, PLATFORM, BadFrame, interpret
+from lumio_ingestd import boundedjson
+from lumio_ingestd.config import AccountConfig, KickConfig
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.kick.mapping import BUCKET_SECS, PLATFORM, BadFrame, interpret
+from lumio_ingestd.sources.sink import EventSink
+from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.kick.source")
 
 ACTIVITY_MAX_SECS = 120.0
 PONG_TIMEOUT_SECS = 30.0

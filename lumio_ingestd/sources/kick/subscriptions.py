@@ -26,13 +26,13 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from ...metrics import Metrics
-from ...worker import Worker
-from ..apptoken import AppToken, AppTokenError
-from ..httpclient import Cancel, HttpResult, HttpUnavailable, join, request
-from .mapping import PLATFORM, WEBHOOK_TYPES
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources.apptoken import AppToken, AppTokenError
+from lumio_ingestd.sources.httpclient import Cancel, HttpResult, HttpUnavailable, join, request
+from lumio_ingestd.sources.kick.mapping import PLATFORM, WEBHOOK_TYPES
+from lumio_ingestd.worker import Worker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.kick.subscriptions")
 
 EVENTS: tuple[str, ...] = tuple(sorted(WEBHOOK_TYPES))
 PATH = "events/subscriptions"

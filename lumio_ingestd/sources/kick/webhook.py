@@ -13,7 +13,7 @@ Checks, in order, before anything is parsed or stored:
    so a delivery meant for another app verifies too: the age limit and the
    seen ids below are what stops a replay.
 
-Then: a message id handled before (`lumio_ingestd.seen.SeenDeliveries`:
+Then: a message id handled before (`lumio_ingestd.stores.seen.SeenDeliveries`:
 memory plus `lumio:webhooks:kick:seen:ID` in Redis for an hour) gets 200 and
 nothing new. Otherwise the body is mapped like the socket's frames
 (`mapping.map_webhook`, same `message_id` / `external_id` rules, so what both
@@ -34,16 +34,23 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
-from ...httpserver import Request, Response
-from ...metrics import Metrics
-from ...model import ChatMessage
-from ...seen import SeenDeliveries
-from ..sink import EventSink
-from ..webhookcheck import WebhookChecks
-from .mapping import BUCKET_SECS, PLATFORM, BadFrame, broadcaster_of, decode_checked, map_webhook
-from .signature import RsaPublicKey, signed_bytes, verify
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.sources.kick.mapping import (
+    BUCKET_SECS,
+    PLATFORM,
+    BadFrame,
+    broadcaster_of,
+    decode_checked,
+    map_webhook,
+)
+from lumio_ingestd.sources.kick.signature import RsaPublicKey, signed_bytes, verify
+from lumio_ingestd.sources.sink import EventSink
+from lumio_ingestd.sources.webhookcheck import WebhookChecks
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.web.server import Request, Response
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.kick.webhook")
 
 PATH = "/webhooks/kick"
 MAX_BODY_BYTES = 256 * 1024

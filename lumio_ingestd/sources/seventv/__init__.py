@@ -5,8 +5,8 @@
 - `source`: `SevenTvSocket` (one connection, a group of accounts) and
   `SevenTvSource` (the worker that hands accounts out to sockets).
 
-The wire protocol and the mapping are `lumio_ingestd.seventv.protocol`; the
-state table is `lumio_ingestd.seventv.store` (given to the source by
+The wire protocol and the mapping are `lumio_ingestd.sources.seventv.protocol`; the
+state table is `lumio_ingestd.stores.seventv` (given to the source by
 `build()` in app.py as a `StateStore`, so nothing here touches the database).
 
 `build_seventv()` makes the source when `[seventv] enabled` is true, for the
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...config import Config
-from ...events.persist import PersistResult
-from ...metrics import Metrics
-from ...model import PlatformEvent
-from ..sink import Alerts, EventSink
-from .follow import Followed, Follower, StateStore
-from .source import SevenTvSocket, SevenTvSource
+from lumio_ingestd.config import Config
+from lumio_ingestd.events.persist import PersistResult
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.sources.seventv.follow import Followed, Follower, StateStore
+from lumio_ingestd.sources.seventv.source import SevenTvSocket, SevenTvSource
+from lumio_ingestd.sources.sink import Alerts, EventSink
 
 
 def followed_accounts(cfg: Config) -> list[Followed]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from ...seventv.protocol import BadResponse, Entry, emote_set, twitch_user, user_active_set
-from ..httpclient import Cancel, HttpUnavailable, join, request
+from lumio_ingestd.sources.httpclient import Cancel, HttpUnavailable, join, request
+from lumio_ingestd.sources.seventv.protocol import BadResponse, Entry, emote_set, twitch_user, user_active_set
 
 
 class ApiError(Exception):

@@ -36,10 +36,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from ...events.persist import PersistResult
-from ...metrics import Metrics
-from ...model import PlatformEvent
-from ...seventv.protocol import (
+from lumio_ingestd.events.persist import PersistResult
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.sources.seventv.api import ApiError, NotOnSevenTv, SevenTvApi
+from lumio_ingestd.sources.seventv.protocol import (
     EMOTE_SET_UPDATE,
     USER_UPDATE,
     Change,
@@ -52,9 +53,8 @@ from ...seventv.protocol import (
     ms_to_datetime,
     to_event,
 )
-from .api import ApiError, NotOnSevenTv, SevenTvApi
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.seventv.follow")
 
 #: A REST-found addition carries the time it was made when that is this recent (else: now).
 RECENT = timedelta(hours=24)

@@ -54,9 +54,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...framequarantine import FrameSink
-from ...metrics import Metrics
-from ...seventv.protocol import (
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.seventv.api import SevenTvApi
+from lumio_ingestd.sources.seventv.follow import Followed, Follower, Sink, StateStore, Subscription
+from lumio_ingestd.sources.seventv.protocol import (
     EMOTE_SET_UPDATE,
     PLATFORM,
     USER_UPDATE,
@@ -76,13 +78,11 @@ from ...seventv.protocol import (
     unsubscribe,
     user_update,
 )
-from ...worker import Worker
-from ..base import Source, SourceClosed
-from ..ws import Binary, WsClosed, WsConnection
-from .api import SevenTvApi
-from .follow import Followed, Follower, Sink, StateStore, Subscription
+from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
+from lumio_ingestd.stores.refused_frames import FrameSink
+from lumio_ingestd.worker import Worker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.seventv.source")
 
 RECONNECT_AT_ONCE = frozenset({4000, 4006, 4008, 4012})
 CLIENT_BUGS = frozenset({4001, 4002, 4003, 4004, 4009, 4010, 4011})

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...config import Config
-from ...events.persist import PersistResult
-from ...metrics import Metrics
-from ...model import PlatformEvent
-from ..sink import Alerts, EventSink
-from .source import StreamElementsSource
+from lumio_ingestd.config import Config
+from lumio_ingestd.events.persist import PersistResult
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.sources.sink import Alerts, EventSink
+from lumio_ingestd.sources.streamelements.source import StreamElementsSource
 
 
 def build_streamelements(cfg: Config, metrics: Metrics, *,

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ... import boundedjson
-from ...model import PlatformEvent, parse_time
+from lumio_ingestd import boundedjson
+from lumio_ingestd.model import PlatformEvent, parse_time
 
 PLATFORM = "streamelements"
 MAX_FRAME_BYTES = 512 * 1024

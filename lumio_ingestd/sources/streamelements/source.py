@@ -51,13 +51,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import websocket
 
-from ...config import AccountConfig, StreamElementsConfig
-from ...metrics import Metrics
-from ...seen import RecentIds
-from ..base import Source, SourceClosed
-from ..sink import EventSink
-from ..ws import Binary, WsClosed, WsConnection
-from .protocol import (
+from lumio_ingestd.config import AccountConfig, StreamElementsConfig
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.sink import EventSink
+from lumio_ingestd.sources.streamelements.protocol import (
     CONFIG_ERRORS,
     KNOWN_ERRORS,
     PLATFORM,
@@ -72,8 +70,10 @@ from .protocol import (
     parse_token,
     subscribe_request,
 )
+from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
+from lumio_ingestd.stores.seen import RecentIds
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.streamelements.source")
 
 MAX_FRAMES_PER_TURN = 256
 

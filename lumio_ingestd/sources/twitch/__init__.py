@@ -18,18 +18,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...config import Config
-from ...events.persist import PersistResult
-from ...httpserver import Routes
-from ...metrics import Metrics
-from ...model import ChatMessage, PlatformEvent
-from ...seen import SeenDeliveries
-from ...sessions import StreamSessions
-from ..sink import Alerts
-from .oauth import TokenStore
-from .sink import HeldCopies, TwitchSink
-from .source import ChatQueueLike, TwitchSource
-from .webhook import MAX_BODY_BYTES, PATH, TwitchWebhook
+from lumio_ingestd.config import Config
+from lumio_ingestd.events.persist import PersistResult
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import ChatMessage, PlatformEvent
+from lumio_ingestd.sources.sink import Alerts
+from lumio_ingestd.sources.twitch.oauth import TokenStore
+from lumio_ingestd.sources.twitch.sink import HeldCopies, TwitchSink
+from lumio_ingestd.sources.twitch.source import ChatQueueLike, TwitchSource
+from lumio_ingestd.sources.twitch.webhook import MAX_BODY_BYTES, PATH, TwitchWebhook
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.stores.sessions import StreamSessions
+from lumio_ingestd.web.server import Routes
 
 
 @dataclass

@@ -36,13 +36,13 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ...metrics import Metrics
-from ...seen import RecentIds
-from ..base import SourceClosed
-from ..ws import Binary, WsClosed, WsConnection
-from .mapping import PLATFORM, BadFrame, Envelope, Notification, interpret
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources.base import SourceClosed
+from lumio_ingestd.sources.twitch.mapping import PLATFORM, BadFrame, Envelope, Notification, interpret
+from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
+from lumio_ingestd.stores.seen import RecentIds
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.twitch.eventsub")
 
 MAX_FRAMES_PER_TURN = 256
 

@@ -46,9 +46,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...metrics import Metrics
-from ...model import EventChild, PlatformEvent, format_time
-from .mapping import PLATFORM, Gift
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import EventChild, PlatformEvent, format_time
+from lumio_ingestd.sources.twitch.mapping import PLATFORM, Gift
 
 CHILD_KIND = "gift_recipient"
 

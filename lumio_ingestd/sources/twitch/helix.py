@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..httpclient import Cancel, HttpUnavailable, join, request
-from .oauth import TokenStore
+from lumio_ingestd.sources.httpclient import Cancel, HttpUnavailable, join, request
+from lumio_ingestd.sources.twitch.oauth import TokenStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from ... import boundedjson, fastjson
-from ...model import (
+from lumio_ingestd import boundedjson, fastjson
+from lumio_ingestd.model import (
     MAX_JSON_DEPTH,
     ChatMessage,
     PlatformEvent,
@@ -52,7 +52,7 @@ from ...model import (
     parse_time,
     slot_setters,
 )
-from ...sessions import StreamChange
+from lumio_ingestd.stores.sessions import StreamChange
 
 PLATFORM = "twitch"
 MAX_FRAME_BYTES = 512 * 1024

@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from ... import boundedjson
-from ...config import Secret
-from ...metrics import Metrics
-from ..httpclient import HttpUnavailable, join, request
+from lumio_ingestd import boundedjson
+from lumio_ingestd.config import Secret
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources.httpclient import HttpUnavailable, join, request
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.twitch.oauth")
 
 VALIDATE_EVERY_SECS = 3600.0
 PLATFORM = "twitch"

@@ -47,19 +47,32 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from ...config import AccountConfig, TwitchConfig
-from ...logs import Throttled
-from ...metrics import Metrics
-from ...model import ChatMessage
-from ..base import Source, SourceClosed
-from .eventsub import EventSubClient, EventSubClosed, KeepaliveTimeout
-from .gifts import GiftLinker
-from .helix import SUBSCRIPTIONS, HelixClient, HelixError, Subscription, condition_for
-from .mapping import PLATFORM, BadFrame, Envelope, Notification, channel_of, subscription_type_of
-from .oauth import TokenError, TokenRejected, TokenStore
-from .sink import TwitchSink
+from lumio_ingestd.config import AccountConfig, TwitchConfig
+from lumio_ingestd.logs import Throttled
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.twitch.eventsub import EventSubClient, EventSubClosed, KeepaliveTimeout
+from lumio_ingestd.sources.twitch.gifts import GiftLinker
+from lumio_ingestd.sources.twitch.helix import (
+    SUBSCRIPTIONS,
+    HelixClient,
+    HelixError,
+    Subscription,
+    condition_for,
+)
+from lumio_ingestd.sources.twitch.mapping import (
+    PLATFORM,
+    BadFrame,
+    Envelope,
+    Notification,
+    channel_of,
+    subscription_type_of,
+)
+from lumio_ingestd.sources.twitch.oauth import TokenError, TokenRejected, TokenStore
+from lumio_ingestd.sources.twitch.sink import TwitchSink
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.twitch.source")
 
 GIFT_WINDOW_SECS = 3.0
 SUBSCRIBE_WINDOW_SECS = 10.0

@@ -43,17 +43,13 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 
-from ...config import Secret
-from ...framequarantine import FrameSink
-from ...httpserver import Request, Response
-from ...logs import Throttled
-from ...metrics import Metrics
-from ...model import ChatMessage
-from ...seen import SeenDeliveries
-from ..webhookcheck import WebhookChecks
-from .gifts import GiftLinker
-from .helix import SUBSCRIPTIONS
-from .mapping import (
+from lumio_ingestd.config import Secret
+from lumio_ingestd.logs import Throttled
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.sources.twitch.gifts import GiftLinker
+from lumio_ingestd.sources.twitch.helix import SUBSCRIPTIONS
+from lumio_ingestd.sources.twitch.mapping import (
     PLATFORM,
     BadFrame,
     channel_of,
@@ -62,9 +58,13 @@ from .mapping import (
     map_notification,
     subscription_type_of,
 )
-from .sink import TwitchSink
+from lumio_ingestd.sources.twitch.sink import TwitchSink
+from lumio_ingestd.sources.webhookcheck import WebhookChecks
+from lumio_ingestd.stores.refused_frames import FrameSink
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.web.server import Request, Response
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lumio_ingestd.sources.twitch.webhook")
 
 PATH = "/webhooks/twitch"
 MAX_BODY_BYTES = 256 * 1024

@@ -1,0 +1,895 @@
+"""The composition root and the supervisor: `lumio-ingestd run`.
+
+`build()` is the one place where the daemon's parts are made and wired: the
+spool, the Redis client and the database pool, chat and event ingest, the
+sources, the timer workers, the chat flush threads and the HTTP routes. `App` runs
+them: it installs the signal queue, builds, binds the HTTP and metrics
+listeners, starts every worker, tells systemd READY=1, and then the main
+thread supervises. It restarts a worker whose thread died (with backoff),
+re-reads the configuration on SIGHUP, refreshes the STATUS line, and on
+SIGTERM or SIGINT runs the shutdown chain of seed 000:
+
+1. the HTTP server stops accepting; requests in flight get 5 s; then the open
+   streams are closed;
+2. at the same time the sources and the timer workers are cancelled; the
+   sources get 5 s, each handing what it holds in memory to Redis (or the
+   database, or the spool) before it reports stopped;
+3. the chat flush threads are cancelled last (after the sources and the HTTP
+   requests) and each runs one final flush, bounded to 3 s, side by side;
+4. the drain leases are released and everything is closed.
+
+All of it inside `[daemon] shutdown_timeout_secs` (8 s); a second stop signal
+cuts the waits short. What was not flushed is in Redis or the spool for the
+next process. READY=1 does not wait for Redis or the database: a database
+outage at boot must not become a restart loop; it shows in STATUS and /readyz.
+
+What is durable when `App.run()` returns: everything the workers' `final()`
+steps handed over (see chat/, events/, spool.py); nothing is held here.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from lumio_ingestd import exitcodes
+from lumio_ingestd.cluster.lease import Lease, LeaseGated
+from lumio_ingestd.cluster.membership import Membership
+from lumio_ingestd.config import Config, ConfigError, redacted_lines
+from lumio_ingestd.logs import set_level
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.runtime.health import HealthProbe, ReadinessProbe, Watchdog
+from lumio_ingestd.runtime.localstate import LocalState
+from lumio_ingestd.runtime.reconcile import AccountParts, AccountWorkers, Plan, stop_workers
+from lumio_ingestd.runtime.sdnotify import Notifier, watchdog_interval
+from lumio_ingestd.runtime.shutdown import Shutdown, ShutdownReport, Stage
+from lumio_ingestd.runtime.signals import RELOAD_SIGNALS, STOP_SIGNALS, SignalQueue
+from lumio_ingestd.web.metrics_server import MetricsServer
+from lumio_ingestd.web.server import HttpServer, Request, Response, Routes
+from lumio_ingestd.worker import Worker
+
+if TYPE_CHECKING:
+    import redis
+
+log = logging.getLogger("lumio_ingestd.runtime.app")
+
+#: Shutdown bounds of seed 000.
+HTTP_GRACE_SECS = 5.0
+SOURCES_GRACE_SECS = 5.0
+FINAL_FLUSH_SECS = 3.0
+#: `shard = auto`: the lease of the Kick subscriptions worker (a dead holder's lapses within it).
+KICK_LEASE_TTL_SECS = 30.0
+#: How often the spool is replayed while it holds anything.
+SPOOL_REPLAY_INTERVAL_SECS = 5.0
+#: Keys SIGHUP applies at once (and every account key); every other change waits for a restart.
+LIVE_KEYS = frozenset({"daemon.log_level", "daemon.accounts_dir"})
+
+_LOOP_SECS = 0.5  # the supervisor's turn (and the longest it takes to see a signal)
+_STATUS_EVERY_SECS = 2.0
+_SUPERVISOR_STALE_SECS = 10.0
+
+
+class StartupError(Exception):
+    """The daemon cannot start (a port taken, the spool unusable); `code` is the exit code."""
+
+    def __init__(self, message: str, code: int = exitcodes.UNAVAILABLE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Role(enum.Enum):
+    SOURCE = "source"  # holds data in memory; 5 s to hand it over
+    TIMER = "timer"  # cancelled with the sources, not waited for by the flush
+    FLUSH = "flush"  # cancelled last
+    HTTP = "http"  # the accept loop
+    RUNTIME = "runtime"  # the watchdog and the health probe
+
+
+@dataclass
+class Parts:
+    """What `build()` made: the workers by role, the routes, what to close at the end."""
+
+    sources: list[Worker] = field(default_factory=list)
+    timers: list[Worker] = field(default_factory=list)
+    flushers: list[Worker] = field(default_factory=list)
+    routes: Routes = field(default_factory=Routes)
+    probe: ReadinessProbe | None = None
+    #: The account-dependent workers and routes, which SIGHUP reconciles (reconcile.py).
+    accounts: AccountWorkers | None = None
+    #: `shard = auto` only: the live replicas and the accounts this one runs.
+    membership: Membership | None = None
+    #: Closed in this order after the shutdown stages, each with its name for the log.
+    closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+
+
+Builder = Callable[[Config, Metrics], Parts]
+
+
+# --------------------------------------------------------------------------- composition
+
+
+def _claim_instance(cfg: Config, client: redis.Redis) -> None:
+    """Refuse to start while another live process runs with the same instance id.
+
+    Two such processes would share every in-flight key; the claim tokens keep
+    them from deleting each other's batches, and this keeps the second one from
+    running at all. Redis unreachable: started all the same (the chat workers
+    take the claim on their first heartbeat, and leave other tokens' lists alone).
+    """
+    from lumio_ingestd.chat.flusher import default_heartbeat_ttl
+    from lumio_ingestd.chat.lists import InstanceClaim
+    from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+
+    claim = InstanceClaim(client, cfg.daemon.instance_id, default_heartbeat_ttl(cfg))
+    try:
+        holder = claim.take()
+    except REDIS_ERRORS as exc:
+        log.warning("cannot check whether instance id %r is in use (Redis: %s); starting anyway",
+                    cfg.daemon.instance_id, type(exc).__name__)
+        return
+    if holder is not None:
+        raise StartupError(
+            f"instance id {cfg.daemon.instance_id!r} is in use by another running process "
+            f"({holder}); give each replica its own [daemon] instance_id (or leave it empty for "
+            f"hostname:pid). A crashed process's claim expires within "
+            f"{default_heartbeat_ttl(cfg):.0f}s")
+
+
+def build(cfg: Config, metrics: Metrics) -> Parts:
+    """Make and wire every part of the daemon. Contacts no server (no reachability gate)
+    but for one bounded Redis call: the instance claim (`_claim_instance`)."""
+    # Imported here so that the runtime above stays importable on its own.
+    from lumio_ingestd.chat.deadletter import ChatDeadLetterDrain
+    from lumio_ingestd.chat.flusher import default_heartbeat_ttl, flush_threads
+    from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue, chat_spool_handler
+    from lumio_ingestd.db.pool import Pool
+    from lumio_ingestd.events import EventIngest, EventRetryWorker, event_spool_handler
+    from lumio_ingestd.events.held import HeldGifts
+    from lumio_ingestd.events.records import RecordWriters
+    from lumio_ingestd.events.streamstats import KIND as STATS_KIND
+    from lumio_ingestd.events.streamstats import StreamStats, canary_record
+    from lumio_ingestd.lifecycle.backfill import StartupBackfill
+    from lumio_ingestd.lifecycle.retention import RetentionWorker
+    from lumio_ingestd.sources import SourceDeps, build_sources
+    from lumio_ingestd.sources.base import Source
+    from lumio_ingestd.sources.jetstream.source import build_jetstream
+    from lumio_ingestd.sources.kick import build_kick, webhook_key
+    from lumio_ingestd.sources.kick.signature import KeyFormatError
+    from lumio_ingestd.sources.seventv import SevenTvSource, build_seventv
+    from lumio_ingestd.sources.sink import EventSink
+    from lumio_ingestd.sources.streamelements import build_streamelements
+    from lumio_ingestd.sources.streamstatus import build_stream_status
+    from lumio_ingestd.sources.twitch import build_twitch
+    from lumio_ingestd.stores import rediskeys
+    from lumio_ingestd.stores.jetstream import JetstreamStore
+    from lumio_ingestd.stores.redisclient import connect
+    from lumio_ingestd.stores.refused_frames import FrameQuarantine
+    from lumio_ingestd.stores.seen import SeenDeliveries
+    from lumio_ingestd.stores.sessions import StreamSessions
+    from lumio_ingestd.stores.seventv import SetStateStore
+    from lumio_ingestd.stores.spool import Spool, SpoolError, SpoolReplayer
+    from lumio_ingestd.web.alerts import STREAM_PATH, AlertPublisher, stream_handler
+    from lumio_ingestd.web.emit import MAX_BODY_BYTES as EMIT_MAX_BODY
+    from lumio_ingestd.web.emit import PATH as EMIT_PATH
+    from lumio_ingestd.web.emit import emit_handler
+
+    # Checked before anything is opened: a bad key file is a configuration error.
+    try:
+        kick_key = webhook_key(cfg)
+    except KeyFormatError as exc:
+        raise StartupError(str(exc), exitcodes.CONFIG) from exc
+    parts = Parts()
+    client = connect(cfg.redis)
+    try:
+        _claim_instance(cfg, client)
+    except StartupError:
+        client.close()
+        raise
+    spool = Spool(cfg.daemon.state_dir / "spool", cfg.daemon.spool_max_bytes, metrics)
+    try:
+        spool.open()
+    except SpoolError as exc:
+        client.close()
+        raise StartupError(f"cannot open the spool: {exc}") from exc
+    pool = Pool(cfg.timescale)
+    # Closed last: every part above may still write into them while it stops.
+    parts.closers += [("spool", spool.close), ("database pool", pool.close), ("redis", client.close)]
+
+    chat = ChatIngest(client, pool, spool, metrics, cfg)
+    # Writers of parked records (non-event rows on the events' park/spool path).
+    records = RecordWriters()
+    events = EventIngest(client, pool, spool, metrics, cfg, records=records)
+    stats = StreamStats(pool, events.deadletters, spool, metrics,
+                        timeout_secs=cfg.events.insert_timeout_secs)
+    records.register(STATS_KIND, stats.write_record, canary_record)
+    spool_handlers = {"chat": chat_spool_handler(chat), "event": event_spool_handler(events)}
+
+    def replay(kind: str, entries: list[bytes]) -> None:
+        spool_handlers[kind](kind, entries)
+
+    parts.sources = build_sources(cfg, SourceDeps(
+        metrics=metrics,
+        chat_queue=lambda name: ChatQueue(chat, metrics),
+        persist_event=events.persist_event,
+    ))
+    # Live alerts (issue 6): Redis PUBLISH on its own thread, SSE clients on the HTTP port.
+    alerts = AlertPublisher(client, metrics)
+    sessions = StreamSessions(pool, metrics)
+    twitch_seen = SeenDeliveries(client, "twitch")
+    kick_seen = SeenDeliveries(client, "kick")
+    held = HeldGifts(client, cfg.daemon.instance_id)
+    # Refused frames keep their raw bytes (RELIABILITY.md B17).
+    frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
+
+    def account_parts(cfg: Config, metrics: Metrics) -> AccountParts:
+        """Everything made from cfg.accounts; run again on SIGHUP (see reconcile.py)."""
+        out = AccountParts()
+        twitch = build_twitch(cfg, metrics, sessions=sessions, seen=twitch_seen,
+                              chat_queue=lambda name: ChatQueue(chat, metrics),
+                              chat=chat.buffer_or_persist, persist_event=events.persist_event,
+                              alerts=alerts, held=held)
+        out.sources += twitch.sources
+        twitch.add_routes(out.routes)
+        # StreamElements tips and activities (issue 13): one Astro socket per account.
+        out.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
+                                            alerts=alerts)
+        # Kick (issue 12): a Pusher source per account of this shard; the webhook route always.
+        kick = build_kick(cfg, metrics, sessions=sessions, seen=kick_seen,
+                          chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
+                          persist_event=events.persist_event, alerts=alerts, key=kick_key)
+        out.sources += kick.sources
+        kick.add_routes(out.routes)
+        # Bluesky records (issue 7); posts go out as `bluesky.post` alerts.
+        jetstream = build_jetstream(cfg, metrics, db=JetstreamStore(pool), alerts=alerts)
+        if jetstream is not None:
+            out.sources.append(jetstream)
+        # 7TV emote-set changes (issue 14): EventAPI sockets, healed through the REST API.
+        seventv = build_seventv(cfg, metrics, store=SetStateStore(pool), persist_event=events.persist_event,
+                                alerts=alerts)
+        if seventv is not None:
+            out.sources.append(seventv)
+        for source in out.sources:
+            if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
+                source.frame_quarantine = frames
+        if twitch.webhook is not None:
+            twitch.webhook.frame_quarantine = frames
+        if kick.subscriptions is not None:
+            # With `shard = auto` every replica builds it and a lease picks the one that runs it.
+            out.timers.append(LeaseGated(kick.subscriptions, Lease(
+                client, rediskeys.KICK_SUBSCRIPTIONS_LEADER, KICK_LEASE_TTL_SECS, metrics,
+                owner=cfg.daemon.instance_id), KICK_LEASE_TTL_SECS)
+                if cfg.daemon.shard_auto else kick.subscriptions)
+        # Stream status (issue 15): live status and viewer statistics, a timer whose
+        # final() writes the current minute's window within the shutdown budget.
+        poller = build_stream_status(cfg, metrics, sink=EventSink(events.persist_event, alerts=alerts,
+                                                                  sessions=sessions),
+                                     stats=stats, sessions=sessions)
+        if poller is not None:
+            out.timers.append(poller)
+        return out
+
+    parts.accounts = AccountWorkers(account_parts, metrics)
+    heartbeat_ttl = default_heartbeat_ttl(cfg)
+    if cfg.daemon.shard_auto:
+        # Nothing runs until the membership's first turn hands accounts out.
+        parts.membership = Membership(client, cfg.daemon.instance_id, heartbeat_ttl, metrics)
+        parts.membership.set_accounts(a.account_id for a in cfg.accounts)
+        initial = parts.accounts.initial(replace(cfg, owned=frozenset()))
+    else:
+        initial = parts.accounts.initial(cfg)
+    for source in parts.sources:  # the synthetic source, built above
+        if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
+            source.frame_quarantine = frames
+    parts.sources += initial.sources
+    parts.accounts.add_routes(parts.routes)
+    parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
+                                                     metrics), max_body_bytes=EMIT_MAX_BODY)
+    parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))
+    parts.flushers = list(flush_threads(
+        client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
+        owns=parts.membership.flushes if parts.membership is not None else None))
+    parts.timers = [
+        ChatDeadLetterDrain(client, pool, metrics, cfg),
+        EventRetryWorker(client, pool, metrics, cfg, records=records),
+        SpoolReplayer(spool, replay, metrics, SPOOL_REPLAY_INTERVAL_SECS),
+        alerts,
+        RetentionWorker(pool, cfg, metrics),
+        StartupBackfill(cfg, metrics),
+    ]
+    parts.timers += initial.timers
+    if parts.membership is not None:
+        parts.timers.append(parts.membership)
+    parts.probe = ReadinessProbe(client, pool, metrics)
+    return parts
+
+
+# --------------------------------------------------------------------------- supervision
+
+
+@dataclass
+class _Supervised:
+    worker: Worker
+    role: Role
+    started_at: float = 0.0
+    restart_at: float | None = None
+    backoff: float = 0.0
+    #: Stopped for good by a reload; dropped once its thread has ended.
+    retired: bool = False
+
+
+class Supervisor:
+    """Starts workers and restarts the ones whose thread died, with backoff.
+
+    Runs on the main thread (`check()` once per loop turn). A worker that ran
+    longer than `stable_secs` before it died restarts after `backoff_min`;
+    one that keeps dying waits twice as long each time, up to `backoff_max`.
+    """
+
+    def __init__(self, metrics: Metrics, *, backoff_min: float = 1.0, backoff_max: float = 60.0,
+                 stable_secs: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._metrics = metrics
+        self._entries: list[_Supervised] = []
+        self._backoff_min = backoff_min
+        self._backoff_max = backoff_max
+        self._stable = stable_secs
+        self._clock = clock
+        self.last_check = clock()
+
+    def add(self, worker: Worker, role: Role) -> None:
+        self._entries.append(_Supervised(worker, role))
+
+    def add_started(self, worker: Worker, role: Role) -> None:
+        """Add a worker while the others run (a reload's new account worker) and start it."""
+        entry = _Supervised(worker, role)
+        self._entries.append(entry)
+        worker.start()
+        entry.started_at = self._clock()
+
+    def retire(self, worker: Worker) -> None:
+        """Forget a worker a reload stopped; one still finishing stays listed until it ends."""
+        for entry in self._entries:
+            if entry.worker is worker:
+                entry.retired = True
+        self._entries = [e for e in self._entries if not (e.retired and not e.worker.alive)]
+
+    def workers(self, *roles: Role) -> list[Worker]:
+        return [e.worker for e in self._entries if not roles or e.role in roles]
+
+    def start_all(self) -> None:
+        for entry in self._entries:
+            entry.worker.start()
+            entry.started_at = self._clock()
+
+    def dead(self) -> list[str]:
+        return [e.worker.name for e in self._entries if not e.worker.alive and not e.worker.stopping]
+
+    def check(self, now: float | None = None) -> None:
+        now = self._clock() if now is None else now
+        self.last_check = now
+        if any(e.retired for e in self._entries):
+            self._entries = [e for e in self._entries if not (e.retired and not e.worker.alive)]
+        for entry in self._entries:
+            worker = entry.worker
+            if worker.alive or worker.stopping:
+                continue
+            if entry.restart_at is None:
+                ran = now - entry.started_at
+                entry.backoff = (self._backoff_min if ran >= self._stable or entry.backoff == 0
+                                 else min(self._backoff_max, entry.backoff * 2))
+                entry.restart_at = now + entry.backoff
+                log.error("worker %s died after %.1fs; restarting it in %.1fs", worker.name, ran,
+                          entry.backoff)
+            elif now >= entry.restart_at:
+                entry.restart_at = None
+                entry.started_at = now
+                self._metrics.worker_restarts.labels(worker.role).inc()
+                try:
+                    worker.start()
+                except Exception:
+                    log.exception("worker %s could not be restarted", worker.name)
+                    continue
+                log.warning("worker %s restarted", worker.name)
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+@dataclass(frozen=True)
+class RunResult:
+    code: int
+    report: ShutdownReport | None
+
+
+class App:
+    def __init__(self, cfg: Config, environ: Mapping[str, str], *,
+                 reload: Callable[[], Config] | None = None, builder: Builder = build,
+                 metrics: Metrics | None = None,
+                 gc_policy: Callable[[], None] | None = None) -> None:
+        """`gc_policy` runs once, when everything is built and before any worker starts:
+        `lumio-ingestd run` passes `gcpolicy.apply` (a process-wide setting, so an App
+        embedded in a test process leaves that process's collector as it is)."""
+        self.cfg = cfg
+        self._boot_cfg = cfg
+        self._environ = environ
+        self._reload = reload
+        self._builder = builder
+        self._gc_policy = gc_policy
+        self.metrics = metrics if metrics is not None else Metrics(process=True)
+        self.signals = SignalQueue()
+        self.notifier = Notifier(environ)
+        self.supervisor = Supervisor(self.metrics)
+        self.parts: Parts | None = None
+        self.http: HttpServer | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.watchdog: Watchdog | None = None
+        self.http_address: tuple[str, int] | None = None
+        self.metrics_address: tuple[str, int] | None = None
+        self._phase = "starting"
+        self._last_status = ""
+        self._status_at = 0.0
+        self._previous_excepthook = threading.excepthook
+        # STATE_DIR/status.json, for `lumio-ingestd status` (see localstate.py).
+        self.local_state = LocalState(cfg.daemon.state_dir, cfg.daemon.instance_id,
+                                      interval_secs=_STATUS_EVERY_SECS)
+
+    # -- programmatic control (tests, embedding) ----------------------------------
+
+    def request_stop(self) -> None:
+        """The same as SIGTERM, from any thread."""
+        self.signals.put(signal.SIGTERM)
+
+    # -- the run ------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Start, supervise until a stop signal, shut down in order. Main thread only."""
+        started = time.monotonic()
+        self.signals.install()
+        threading.excepthook = self._thread_died
+        try:
+            try:
+                self._start()
+            except StartupError as exc:
+                log.error("cannot start: %s", exc)
+                self._abort_start()
+                return RunResult(exc.code, None)
+            except Exception:
+                # A bug: stop whatever already runs, or its threads keep the process alive.
+                log.exception("cannot start: internal error")
+                return RunResult(exitcodes.SOFTWARE, self._shutdown())
+            ready_secs = time.monotonic() - started
+            self._phase = "ingesting"
+            self._last_status = self._status()
+            self.notifier.ready(self._last_status)
+            self.local_state.write(self._phase, self.supervisor.workers())
+            log.info("ready in %.2fs; listening on http=%s metrics=%s", ready_secs,
+                     _fmt(self.http_address), _fmt(self.metrics_address))
+            code = exitcodes.OK
+            try:
+                self._supervise()
+            except Exception:
+                log.exception("the supervisor failed; shutting down")
+                code = exitcodes.SOFTWARE
+            report = self._shutdown()
+            return RunResult(code, report)
+        finally:
+            threading.excepthook = self._previous_excepthook
+            self.signals.restore()
+
+    def _start(self) -> None:
+        cfg = self.cfg
+        try:
+            parts = self._builder(cfg, self.metrics)
+        except StartupError:
+            raise
+        except OSError as exc:
+            raise StartupError(f"{type(exc).__name__}: {exc}") from exc
+        self.parts = parts
+        parts.routes.add("GET", "/healthz", self._healthz)
+        parts.routes.add("GET", "/readyz", self._readyz)
+        self.http = HttpServer(cfg.http.listen_host, cfg.http.listen_port, parts.routes, self.metrics,
+                               trusted_proxy_header=cfg.http.trusted_proxy_header,
+                               max_connections_per_client=cfg.http.max_connections_per_client)
+        self.metrics_server = MetricsServer(cfg.metrics.listen_host, cfg.metrics.listen_port,
+                                            self.metrics.registry)
+        try:
+            self.http_address = self.http.bind()
+        except OSError as exc:
+            raise StartupError(f"cannot listen on [http] listen {_fmt(self._requested('http'))}: "
+                               f"{exc.strerror or exc}") from exc
+        try:
+            self.metrics_address = self.metrics_server.start()
+        except OSError as exc:
+            raise StartupError(f"cannot listen on [metrics] listen {_fmt(self._requested('metrics'))}: "
+                               f"{exc.strerror or exc}") from exc
+
+        sup = self.supervisor
+        for worker in parts.sources:
+            sup.add(worker, Role.SOURCE)
+        for worker in parts.timers:
+            sup.add(worker, Role.TIMER)
+        for worker in parts.flushers:
+            sup.add(worker, Role.FLUSH)
+        sup.add(self.http, Role.HTTP)
+        if parts.probe is not None:
+            sup.add(HealthProbe(parts.probe, self.metrics), Role.RUNTIME)
+        interval = watchdog_interval(self._environ)
+        if interval is not None and self.notifier.enabled:
+            self.watchdog = Watchdog(self.notifier, self.metrics, interval,
+                                     lambda: self.supervisor.workers(), self._supervisor_problem)
+            sup.add(self.watchdog, Role.RUNTIME)
+            log.info("systemd watchdog: petting every %.2fs", interval)
+        if parts.membership is not None:
+            parts.membership.on_change = self.signals.wake
+        if self._gc_policy is not None:
+            self._gc_policy()
+        sup.start_all()
+
+    def _requested(self, which: str) -> tuple[str, int]:
+        if which == "http":
+            return self.cfg.http.listen_host, self.cfg.http.listen_port
+        return self.cfg.metrics.listen_host, self.cfg.metrics.listen_port
+
+    def _abort_start(self) -> None:
+        """Undo a half-done start: nothing was started yet but listeners and closers."""
+        if self.http is not None:
+            self.http.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        for name, close in (self.parts.closers if self.parts is not None else []):
+            _close(name, close)
+
+    # -- the main loop --------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        while True:
+            received = self.signals.wait(_LOOP_SECS)
+            for signum in received:
+                if signum in STOP_SIGNALS:
+                    log.info("received %s; shutting down", signal.Signals(signum).name)
+                    return
+                if signum in RELOAD_SIGNALS:
+                    self._reload_config()
+            self._follow_membership()
+            self.supervisor.check()
+            now = time.monotonic()
+            if now - self._status_at >= _STATUS_EVERY_SECS:
+                self._status_at = now
+                status = self._status()
+                if status != self._last_status:
+                    self._last_status = status
+                    self.notifier.status(status)
+                self.local_state.write(self._phase, self.supervisor.workers())
+
+    def _supervisor_problem(self) -> str | None:
+        age = time.monotonic() - self.supervisor.last_check
+        if age > _SUPERVISOR_STALE_SECS:
+            return f"the main thread's supervisor loop has not turned for {age:.0f}s"
+        return None
+
+    def _thread_died(self, args: threading.ExceptHookArgs) -> None:
+        """An exception escaped a thread (a worker's loop boundary only catches Exception)."""
+        name = args.thread.name if args.thread is not None else "?"
+        if args.exc_type is SystemExit:
+            log.error("thread %s exited (SystemExit)", name)
+            return
+        exc_info: tuple[type[BaseException], BaseException, TracebackType | None] | None = None
+        if args.exc_value is not None:
+            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+        log.critical("thread %s died with an uncaught %s", name, args.exc_type.__name__,
+                     exc_info=exc_info)
+
+    # -- reload ---------------------------------------------------------------------
+
+    def _reload_config(self) -> None:
+        if self._reload is None:
+            log.warning("SIGHUP: reloading is not available here; ignored")
+            return
+        self.notifier.reloading(time.monotonic_ns() // 1000)
+        try:
+            new = self._reload()
+        except ConfigError as exc:
+            self.metrics.config_reloads.labels("refused").inc()
+            log.error("reload: the configuration has %d problem(s); keeping the running one: %s",
+                      len(exc.problems), "; ".join(str(p) for p in exc.problems))
+        except Exception:
+            self.metrics.config_reloads.labels("refused").inc()
+            log.exception("reload failed; keeping the running configuration")
+        else:
+            if self._reconcile(new):
+                self._apply(new)
+                self.metrics.config_reloads.labels("applied").inc()
+            else:
+                self.metrics.config_reloads.labels("refused").inc()
+        self.notifier.notify("READY=1", f"STATUS={self._status()}")
+
+    def _reconcile(self, new: Config) -> bool:
+        """Move the account workers to `new.accounts`; False (nothing changed) if they cannot be built."""
+        accounts = self.parts.accounts if self.parts is not None else None
+        if accounts is None:
+            return True
+        current = accounts.cfg if accounts.cfg is not None else self._boot_cfg
+        # The fixed sections stay as they were at boot (they need a restart).
+        wanted = replace(self._boot_cfg, daemon=replace(self._boot_cfg.daemon,
+                                                        accounts_dir=new.daemon.accounts_dir),
+                         accounts=new.accounts, owned=current.owned)
+        try:
+            plan = accounts.plan(wanted)
+        except Exception:
+            log.exception("reload: the accounts could not be built; keeping the running configuration")
+            return False
+        membership = self.parts.membership if self.parts is not None else None
+        if membership is not None:
+            membership.set_accounts(a.account_id for a in new.accounts)
+        if plan.empty:
+            return True
+        self._run_plan(plan)
+        accounts.commit(plan, wanted)
+        log.info("reload: accounts added %s, removed %s, changed %s; %d worker(s) stopped, %d started, "
+                 "%d kept running", _ids(plan.added), _ids(plan.removed), _ids(plan.changed),
+                 len(plan.stop), len(plan.start), plan.kept)
+        return True
+
+    def _follow_membership(self) -> None:
+        """`shard = auto`: run the accounts the membership hands this replica (stop before start)."""
+        parts = self.parts
+        if parts is None or parts.membership is None or parts.accounts is None or parts.accounts.cfg is None:
+            return
+        membership, accounts = parts.membership, parts.accounts
+        target = membership.target()
+        current = accounts.cfg
+        assert current is not None
+        if target is None:
+            return
+        if target == current.owned:
+            return
+        wanted = replace(current, owned=target)
+        try:
+            plan = accounts.plan(wanted)
+        except Exception:
+            log.exception("membership: the accounts could not be built; trying again next turn")
+            return
+        before = current.owned or frozenset()
+        self._run_plan(plan)
+        accounts.commit(plan, wanted)
+        membership.settled(target, released=before - target)
+        log.info("membership: running %d account(s); gained %s, handed over %s", len(target),
+                 _ids(sorted(target - before)), _ids(sorted(before - target)))
+
+    def _run_plan(self, plan: Plan) -> None:
+        # Stopped first: a changed account's old socket hands its chat over and
+        # closes before the new one connects.
+        late = stop_workers(plan.stop, SOURCES_GRACE_SECS)
+        if late:
+            log.error("reload: %s did not stop within %.0fs; starting their replacements anyway",
+                      ", ".join(late), SOURCES_GRACE_SECS)
+        for worker in plan.stop:
+            self.supervisor.retire(worker)
+        self.metrics.account_workers_reconciled.labels("stopped").inc(len(plan.stop))
+        for worker, kind in plan.start:
+            try:
+                self.supervisor.add_started(worker, Role.SOURCE if kind == "source" else Role.TIMER)
+            except Exception:
+                log.exception("reload: worker %s could not be started", worker.name)
+        self.metrics.account_workers_reconciled.labels("started").inc(len(plan.start))
+
+    def _apply(self, new: Config) -> None:
+        running = _settings(self.cfg)
+        boot = _settings(self._boot_cfg)
+        wanted = _settings(new)
+        applied: list[str] = []
+        for key, value in wanted.items():
+            if key in LIVE_KEYS and not key.startswith("account.") and running.get(key) != value:
+                applied.append(f"{key} = {value}")
+        if new.daemon.log_level != self.cfg.daemon.log_level:
+            set_level(new.daemon.log_level)
+        restart = sorted(k for k in set(boot) | set(wanted)
+                         if not _live(k) and boot.get(k) != wanted.get(k))
+        self.cfg = new
+        if applied:
+            log.info("reload: applied %s", ", ".join(applied))
+        else:
+            log.info("reload: nothing to apply live")
+        if restart:
+            log.warning("reload: changed keys that take effect only after a restart: %s",
+                        ", ".join(restart))
+
+    # -- health ----------------------------------------------------------------------
+
+    def _healthz(self, request: Request) -> Response:
+        problems = self._liveness_problems()
+        if problems:
+            return Response.json(503, {"status": "unhealthy", "problems": problems})
+        return Response.json(200, {"status": "alive"})
+
+    def _liveness_problems(self) -> list[str]:
+        now = time.monotonic()
+        problems = [f"worker {w.name} made no progress in time" for w in self.supervisor.workers()
+                    if w.alive and not w.healthy(now)]
+        supervisor = self._supervisor_problem()
+        if supervisor:
+            problems.append(supervisor)
+        return problems
+
+    def _readyz(self, request: Request) -> Response:
+        if self._phase != "ingesting":
+            return Response.json(503, {"ready": False, "reason": self._phase})
+        if self.parts is None or self.parts.probe is None:
+            return Response.json(503, {"ready": False, "reason": "no readiness probe"})
+        result = self.parts.probe.check()
+        return Response.json(200 if result.ready else 503, result.to_json())
+
+    def _status(self) -> str:
+        """One line for systemd's STATUS= (shown by `systemctl status`)."""
+        parts = [self._phase]
+        if self.http_address is not None and self.metrics_address is not None:
+            parts.append(f"http={_fmt(self.http_address)} metrics={_fmt(self.metrics_address)}")
+        workers = self.supervisor.workers()
+        dead = self.supervisor.dead()
+        parts.append(f"workers {len(workers) - len(dead)}/{len(workers)}")
+        depth = self._gauge
+        parts.append(
+            f"chat buffer {depth('chat_buffer_depth')}, chat dead letters "
+            f"{depth('chat_dead_letter_depth')}, events parked {depth('events_dead_letter_depth')}, "
+            f"in memory {depth('chat_persistence_queue_depth')}, spool {depth('spool_bytes')} B")
+        degraded = [f"worker {name} down" for name in dead]
+        probe = self.parts.probe if self.parts is not None else None
+        last = probe.last if probe is not None else None
+        if last is not None and last.redis != "ok":
+            degraded.append("redis may evict" if last.redis.startswith("maxmemory") else "redis down")
+        if last is not None and last.database != "ok":
+            degraded.append("database down")
+        if degraded:
+            parts.append("degraded: " + ", ".join(degraded))
+        return "; ".join(parts)
+
+    def _gauge(self, name: str) -> int:
+        value = self.metrics.registry.get_sample_value(name)
+        return int(value) if value is not None else 0
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def _shutdown(self) -> ShutdownReport:
+        self._phase = "draining"
+        self.notifier.stopping(self._status())
+        stages = self._stages()
+        report = Shutdown(stages, self.cfg.daemon.shutdown_timeout_secs).run(self._cut_short)
+        self._release_leases()
+        self._close(report)
+        self._phase = "stopped"
+        self.local_state.write(self._phase, self.supervisor.workers())
+        log.log(logging.INFO if report.complete else logging.ERROR, "%s", report.summary())
+        return report
+
+    def _cut_short(self, timeout: float) -> bool:
+        """The shutdown's wait: True once a second stop signal arrived."""
+        return any(s in STOP_SIGNALS for s in self.signals.wait(timeout))
+
+    def _stages(self) -> list[Stage]:
+        sup = self.supervisor
+        sources = sup.workers(Role.SOURCE)
+        timers = sup.workers(Role.TIMER, Role.RUNTIME)
+        flusher = sup.workers(Role.FLUSH)
+        http = self.http if sup.workers(Role.HTTP) else None  # None: the start failed before it
+        stages: list[Stage] = []
+        if http is not None:
+            stages += [
+                Stage("http-accept", lambda: _stop([http]), lambda: not http.alive, 1.0,
+                      pending=lambda: _running([http])),
+                # Requests run on while the listener closes (at most 1 s), so their
+                # 5 s count from the signal: with the flush after them, the whole
+                # drain stays within the seed's 8 s.
+                Stage("http-requests", lambda: None, lambda: not http.in_flight(),
+                      HTTP_GRACE_SECS - 1.0, after=("http-accept",), pending=http.in_flight),
+                Stage("http-streams", lambda: _ignore(http.close_streams()),
+                      lambda: not http.stream_threads(), 1.0, after=("http-requests",),
+                      pending=http.stream_threads),
+            ]
+        stages += [
+            Stage("sources", lambda: _stop(sources), lambda: not _running(sources),
+                  SOURCES_GRACE_SECS, pending=lambda: _running(sources)),
+            Stage("timers", lambda: _stop(timers), lambda: not _running(timers),
+                  self.cfg.daemon.shutdown_timeout_secs, pending=lambda: _running(timers)),
+            # Last: after the sources and the webhooks in flight handed their data over.
+            # The flusher's final() bounds itself to 3 s; the margin lets it report.
+            Stage("chat-flush", lambda: _stop(flusher), lambda: not _running(flusher),
+                  FINAL_FLUSH_SECS + 0.25,
+                  after=("sources", "http-requests") if http is not None else ("sources",),
+                  pending=lambda: _running(flusher)),
+        ]
+        return stages
+
+    def _release_leases(self) -> None:
+        if self.parts is not None and self.parts.membership is not None:
+            # After the sources stopped: the next owners may start them now.
+            self.parts.membership.release_all()
+        self._release_drain_leases()
+
+    def _release_drain_leases(self) -> None:
+        # The drains release their own lease in final(); this covers a drain
+        # that did not stop in time (the process exits under it anyway).
+        for worker in self.supervisor.workers():
+            lease = getattr(worker, "lease", None)
+            if isinstance(lease, Lease):
+                lease.release()
+
+    def _close(self, report: ShutdownReport) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.http is not None and not self.http.alive:
+            self.http.close()
+        if self.parts is None:
+            return
+        if report.not_stopped:
+            # A worker still running may hold a pooled connection; closing the
+            # pool would wait for it. The process exits around it instead.
+            log.warning("not closing the spool, the pool and Redis: %s still running",
+                        ", ".join(report.not_stopped))
+            return
+        for name, close in self.parts.closers:
+            _close(name, close)
+
+
+def _stop(workers: Sequence[Worker]) -> None:
+    """Request the stop; a worker whose thread died still gets its final() run."""
+    for worker in workers:
+        was_alive = worker.alive  # asked before the stop: a stopped thread ends at once
+        worker.request_stop()
+        if not was_alive:
+            # With the stop event set, the thread skips the loop and runs final():
+            # a dead source still hands over its queue, a dead flusher still flushes.
+            worker.start()
+
+
+def _ignore(value: object) -> None:
+    """Adapt a call with a result to a stage step."""
+
+
+def _running(workers: Sequence[Worker]) -> list[str]:
+    return [w.name for w in workers if w.alive]
+
+
+def _close(name: str, close: Callable[[], None]) -> None:
+    try:
+        close()
+    except Exception:
+        log.exception("closing %s failed", name)
+
+
+def _settings(cfg: Config) -> dict[str, str]:
+    """`section.key` -> value as text (secrets redacted), for comparing two configurations."""
+    out: dict[str, str] = {}
+    for line in redacted_lines(cfg):
+        key, _, value = line.partition(" =")
+        out[key] = value.strip()
+    return out
+
+
+def _live(key: str) -> bool:
+    return key in LIVE_KEYS or key.startswith("account.")
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids) if ids else "none"
+
+
+def _fmt(address: tuple[str, int] | None) -> str:
+    if address is None:
+        return "-"
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def stragglers() -> list[str]:
+    """Non-daemon threads other than the caller that are still running."""
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+
+
+__all__ = ["App", "Parts", "Role", "RunResult", "StartupError", "Supervisor", "build", "stragglers"]
