@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from lumio_ingestd import boundedjson, fastjson
 
@@ -469,3 +469,57 @@ class PlatformEvent:
             )
         except _DECODE_ERRORS as exc:
             raise EntryError(f"event entry is incomplete or malformed: {exc!r}"[:300]) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChange:
+    """A stream went online (with the platform's stream id, when it has one) or offline."""
+
+    kind: Literal["online", "offline"]
+    stream_id: str | None
+    at: datetime
+    platform: str
+
+
+def offline_external_id(stream_id: str) -> str:
+    """The `external_id` of the `stream.offline` that ends stream `stream_id` (every path)."""
+    return f"offline:{stream_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    """An open `stream_sessions` row: its stream id (None when it has none) and start."""
+
+    stream_id: str | None
+    started_at: datetime
+
+
+Outcome = Literal["stored", "duplicate", "parked", "spooled", "rejected", "lost", "unavailable"]
+
+
+@dataclass(frozen=True, slots=True)
+class PersistResult:
+    """What became of one event.
+
+    `outcome`: "stored" (a new row), "duplicate" (already stored), "parked"
+    (in Redis, the retry worker stores it), "spooled" (in the local spool),
+    "rejected" (the database refuses it; nothing kept), "lost" (every tier
+    refused), "unavailable" (fail-fast `insert_event` only: retry later).
+    `event` is the row it is or will be stored as. `error` and `sqlstate`
+    describe the database failure, if there was one.
+    """
+
+    outcome: Outcome
+    event: PlatformEvent
+    error: str | None = None
+    sqlstate: str | None = None
+
+    @property
+    def durable(self) -> bool:
+        """The event is stored, or waits in a durable tier to be stored."""
+        return self.outcome in ("stored", "duplicate", "parked", "spooled")
+
+    @property
+    def broadcast(self) -> bool:
+        """Send the live alert: the event is new and durable. A duplicate's went out before."""
+        return self.outcome in ("stored", "parked", "spooled")

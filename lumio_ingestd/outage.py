@@ -15,10 +15,6 @@ from __future__ import annotations
 import logging
 import time
 
-import psycopg2
-
-from lumio_ingestd.db.errors import Classified, DatabaseUnavailable
-
 
 class Outage:
     def __init__(self, what: str, logger: logging.Logger, retry_after_secs: float = 0.0) -> None:
@@ -55,19 +51,6 @@ class Outage:
             self.failures = 0
 
 
-def describe_db_error(exc: BaseException, verdict: Classified) -> str:
-    """A loggable description of a retryable database failure (no row values)."""
-    if verdict.sqlstate:
-        diag = getattr(exc, "diag", None)
-        primary = getattr(diag, "message_primary", None) if diag is not None else None
-        return f"SQLSTATE {verdict.sqlstate}" + (f" ({primary})" if primary else "")
-    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
-        # libpq's own messages (connection refused, server closed the connection).
-        lines = str(exc).strip().splitlines()
-        return f"{type(exc).__name__}: {lines[0] if lines else verdict.reason}"
-    if isinstance(exc, DatabaseUnavailable):  # our own messages: pool and deadline
-        return f"{type(exc).__name__}: {exc}"
-    return f"{type(exc).__name__} ({verdict.kind.value})"
 
 
 def describe_redis_error(exc: BaseException) -> str:

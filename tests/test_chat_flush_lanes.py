@@ -18,7 +18,8 @@ import pytest
 from chat_support import ChatRig, assert_exactly_once, make_messages, make_rig
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.chat.flusher import flush_lanes
-from lumio_ingestd.chat.lists import ChatLists, Heartbeat, lane_owner, owner_instance, owner_lane
+from lumio_ingestd.chat.lists import ChatLists, lane_owner, owner_instance, owner_lane
+from lumio_ingestd.cluster.instances import Heartbeat
 from lumio_ingestd.stores import rediskeys
 from support import dbname_of
 

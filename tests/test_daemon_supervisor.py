@@ -165,7 +165,7 @@ def test_a_worker_that_dies_is_logged_and_restarted_with_backoff(
     worker = Dying("dying", metrics, deaths=3)
     sup = Supervisor(metrics, backoff_min=0.05, backoff_max=0.2)
     sup.add(worker, Role.SOURCE)
-    caplog.set_level(logging.INFO, "lumio_ingestd.runtime.app")
+    caplog.set_level(logging.INFO, "lumio_ingestd.app")
     sup.start_all()
     restarted_at: list[float] = []
 

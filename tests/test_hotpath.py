@@ -29,9 +29,9 @@ from lumio_ingestd.model import (
     parse_time,
     utc,
 )
+from lumio_ingestd.recent import RecentIds
 from lumio_ingestd.sources.twitch import mapping
 from lumio_ingestd.sources.twitch.mapping import BadFrame, interpret, map_chat, parse_envelope
-from lumio_ingestd.stores.seen import RecentIds
 
 DELIVERY = datetime(2026, 1, 5, 18, 1, 2, 345678, tzinfo=UTC)
 

@@ -304,7 +304,7 @@ def test_the_query_string_never_reaches_the_log(caplog: pytest.LogCaptureFixture
     srv = _server(_routes(), read_timeout_secs=0.5)
     port = srv.address[1]
     try:
-        with caplog.at_level(logging.DEBUG, logger="lumio_ingestd.web.server"):
+        with caplog.at_level(logging.DEBUG, logger="lumio_ingestd.httpserver"):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/healthz?token=sekrit-in-query")
             assert conn.getresponse().status == 200

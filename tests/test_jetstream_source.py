@@ -140,7 +140,7 @@ def value(metric: Any, *labels: str) -> float:
 
 def test_starts_live_without_a_saved_cursor_then_stores_and_alerts_after_commit(
         rig: Rig, fake: FakeJetstream, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="lumio_ingestd.sources.jetstream.source")
+    caplog.set_level(logging.INFO, logger="lumio_ingestd.sources.jetstream")
     fake.add(ev(commit(DID, at(0), "create", POST, "before")))  # before we connect: not replayed
     seen_committed: list[bool] = []
 

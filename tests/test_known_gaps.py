@@ -28,7 +28,8 @@ from chat_support import assert_exactly_once, counter_value, make_messages
 from chat_support import make_rig as make_chat_rig
 from fakes.twitch import FakeTwitch
 from harness.servers import PostgresServer, wait_until
-from lumio_ingestd.chat.lists import PROCESS_TOKEN, ChatLists, ClaimLost, InstanceClaim
+from lumio_ingestd.chat.lists import ChatLists, ClaimLost
+from lumio_ingestd.cluster.instances import PROCESS_TOKEN, InstanceClaim
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.runtime.app import StartupError, _claim_instance, build

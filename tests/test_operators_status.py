@@ -25,7 +25,7 @@ import redis
 from test_daemon_supervisor import _run_app
 
 from harness.servers import wait_until
-from lumio_ingestd.chat.lists import Heartbeat
+from lumio_ingestd.cluster.instances import Heartbeat
 from lumio_ingestd.cluster.lease import Lease
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate

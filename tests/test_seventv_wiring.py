@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import PersistResult, PlatformEvent
 from lumio_ingestd.sources.seventv import build_seventv, followed_accounts
 from lumio_ingestd.sources.seventv.protocol import SetState
 from support import make_config

@@ -267,7 +267,7 @@ def test_torn_tail_is_truncated_counted_and_the_rest_kept(
             f.truncate(last_batch_start + record)  # one whole record of a three-record append
 
     metrics = Metrics()
-    caplog.set_level(logging.WARNING, logger="lumio_ingestd.stores.spool")
+    caplog.set_level(logging.WARNING, logger="lumio_ingestd.spool")
     spool = open_spool(directory, metrics)
     assert sample(metrics, "spool_torn_tails_total") == 1
     assert any(seg.name in r.getMessage() and str(last_batch_start) in r.getMessage()
@@ -319,7 +319,7 @@ def test_corruption_in_the_middle_is_skipped_counted_and_replay_goes_on(
     lost = {entries[10], entries[35], entries[93]}
 
     metrics = Metrics()
-    caplog.set_level(logging.INFO, logger="lumio_ingestd.stores.spool")
+    caplog.set_level(logging.INFO, logger="lumio_ingestd.spool")
     spool = open_spool(directory, metrics)
     assert sample(metrics, "spool_torn_tails_total") == 0, "damage with valid records after it is no tear"
     assert segs[3].stat().st_size == HEADER_SIZE + 10 * record, "the last file is not cut"
@@ -342,7 +342,7 @@ def test_segment_of_an_unknown_version_is_left_alone(tmp_path: Path,
     content = MAGIC + struct.pack("<II", 99, 0) + b"whatever a newer daemon wrote"
     foreign.write_bytes(content)
 
-    caplog.set_level(logging.ERROR, logger="lumio_ingestd.stores.spool")
+    caplog.set_level(logging.ERROR, logger="lumio_ingestd.spool")
     spool = open_spool(directory, Metrics())
     assert any(str(foreign) in r.getMessage() and "99" in r.getMessage() for r in caplog.records)
     spool.append("event", [b"new"])

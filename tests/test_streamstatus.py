@@ -21,9 +21,8 @@ import pytest
 import twitch_frames as tf
 from fakes.twitch import FakeTwitch
 from harness.servers import PostgresServer, wait_until
-from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.events.streamstats import StreamStats
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import PersistResult, PlatformEvent
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamstatus import StreamStatusPoller
 from streamstatus_support import StatusRig, helix_client, make_status_rig

@@ -39,7 +39,8 @@ import redis
 
 from lumio_ingestd.chat.batch import BatchDeferred, Failpoint, no_failpoint, record_db_failure, store_batch
 from lumio_ingestd.chat.flusher import default_heartbeat_ttl
-from lumio_ingestd.chat.lists import DRAIN_SUFFIX, PROCESS_TOKEN, ChatLists, Heartbeat, InstanceClaim
+from lumio_ingestd.chat.lists import DRAIN_SUFFIX, ChatLists
+from lumio_ingestd.cluster.instances import PROCESS_TOKEN, Heartbeat, InstanceClaim
 from lumio_ingestd.cluster.lease import Lease
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.pool import Pool

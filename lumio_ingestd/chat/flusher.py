@@ -72,16 +72,8 @@ from lumio_ingestd.chat.batch import (
     record_db_failure,
     store_batches,
 )
-from lumio_ingestd.chat.lists import (
-    PROCESS_TOKEN,
-    ChatKeys,
-    ChatLists,
-    Heartbeat,
-    InstanceClaim,
-    lane_owner,
-    owner_instance,
-    owner_lane,
-)
+from lumio_ingestd.chat.lists import ChatKeys, ChatLists, lane_owner, owner_instance, owner_lane
+from lumio_ingestd.cluster.instances import PROCESS_TOKEN, Heartbeat, InstanceClaim
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.metrics import Metrics

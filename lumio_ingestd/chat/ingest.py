@@ -45,11 +45,11 @@ from lumio_ingestd.chat.batch import record_db_failure
 from lumio_ingestd.chat.decode import decode_entry
 from lumio_ingestd.chat.store import DB_ERRORS, store_isolating
 from lumio_ingestd.config import Config
-from lumio_ingestd.db.errors import classify
+from lumio_ingestd.db.errors import classify, describe_db_error
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage, EntryError
-from lumio_ingestd.outage import Outage, describe_db_error, describe_redis_error
+from lumio_ingestd.outage import Outage, describe_redis_error
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.quarantine import quarantine_entry
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS

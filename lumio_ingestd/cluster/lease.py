@@ -20,7 +20,7 @@ from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 from lumio_ingestd.worker import Worker
 
-log = logging.getLogger("lumio_ingestd.cluster.lease")
+log = logging.getLogger("lumio_ingestd.lease")
 
 _EXTEND = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then

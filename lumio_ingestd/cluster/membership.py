@@ -32,14 +32,14 @@ from collections.abc import Callable, Iterable
 
 import redis
 
-from lumio_ingestd.chat.lists import Heartbeat
+from lumio_ingestd.cluster.instances import Heartbeat
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.outage import describe_redis_error
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 from lumio_ingestd.worker import Worker
 
-log = logging.getLogger("lumio_ingestd.cluster.membership")
+log = logging.getLogger("lumio_ingestd.membership")
 
 _INSTANCE_PATTERN = "lumio:instance:*"
 _INSTANCE_PREFIX = "lumio:instance:"

@@ -124,3 +124,18 @@ def classify(exc: BaseException) -> Classified:
     if isinstance(exc, (ValueError, TypeError, psycopg2.DataError, psycopg2.ProgrammingError)):
         return Classified(Kind.PERMANENT, None, f"value refused by the driver: {exc}")
     return Classified(Kind.TRANSIENT, None, f"unclassified {type(exc).__name__}")
+
+
+def describe_db_error(exc: BaseException, verdict: Classified) -> str:
+    """A loggable description of a retryable database failure (no row values)."""
+    if verdict.sqlstate:
+        diag = getattr(exc, "diag", None)
+        primary = getattr(diag, "message_primary", None) if diag is not None else None
+        return f"SQLSTATE {verdict.sqlstate}" + (f" ({primary})" if primary else "")
+    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+        # libpq's own messages (connection refused, server closed the connection).
+        lines = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {lines[0] if lines else verdict.reason}"
+    if isinstance(exc, DatabaseUnavailable):  # our own messages: pool and deadline
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__} ({verdict.kind.value})"

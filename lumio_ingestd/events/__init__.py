@@ -9,7 +9,8 @@
 - `retry`: `EventRetryWorker`, the leader-gated replay of parked events.
 """
 
-from lumio_ingestd.events.persist import EventIngest, PersistResult, event_spool_handler
+from lumio_ingestd.events.persist import EventIngest, event_spool_handler
 from lumio_ingestd.events.retry import EventRetryWorker, PassReport
+from lumio_ingestd.model import PersistResult
 
 __all__ = ["EventIngest", "EventRetryWorker", "PassReport", "PersistResult", "event_spool_handler"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from lumio_ingestd.chat.lists import PROCESS_TOKEN
+from lumio_ingestd.cluster.instances import PROCESS_TOKEN
 from lumio_ingestd.events.deadletter import DEADLETTER_TTL_SECS
 from lumio_ingestd.logs import Throttled
 from lumio_ingestd.model import PlatformEvent

@@ -37,27 +37,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import redis
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.config import Config
-from lumio_ingestd.db.errors import Classified, Kind, classify
+from lumio_ingestd.db.errors import Classified, Kind, classify, describe_db_error
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.records import RecordWriters, record_kind
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import MAX_ENTRY_BYTES, EntryError, PlatformEvent
-from lumio_ingestd.outage import Outage, describe_db_error
+from lumio_ingestd.model import MAX_ENTRY_BYTES, EntryError, PersistResult, PlatformEvent
+from lumio_ingestd.outage import Outage
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 from lumio_ingestd.stores.spool import SpoolError
 
 log = logging.getLogger("lumio_ingestd.events.persist")
 
-Outcome = Literal["stored", "duplicate", "parked", "spooled", "rejected", "lost", "unavailable"]
 
 SPOOL_KIND = "event"
 
@@ -68,32 +66,6 @@ class EventSpool(Protocol):
     def append(self, kind: str, entries: Sequence[bytes]) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class PersistResult:
-    """What became of one event.
-
-    `outcome`: "stored" (a new row), "duplicate" (already stored), "parked"
-    (in Redis, the retry worker stores it), "spooled" (in the local spool),
-    "rejected" (the database refuses it; nothing kept), "lost" (every tier
-    refused), "unavailable" (fail-fast `insert_event` only: retry later).
-    `event` is the row it is or will be stored as. `error` and `sqlstate`
-    describe the database failure, if there was one.
-    """
-
-    outcome: Outcome
-    event: PlatformEvent
-    error: str | None = None
-    sqlstate: str | None = None
-
-    @property
-    def durable(self) -> bool:
-        """The event is stored, or waits in a durable tier to be stored."""
-        return self.outcome in ("stored", "duplicate", "parked", "spooled")
-
-    @property
-    def broadcast(self) -> bool:
-        """Send the live alert: the event is new and durable. A duplicate's went out before."""
-        return self.outcome in ("stored", "parked", "spooled")
 
 
 class EventIngest:

@@ -42,19 +42,19 @@ from typing import Any
 import psycopg2.extensions
 import psycopg2.extras
 
-from lumio_ingestd.db.errors import Kind, classify
+from lumio_ingestd.db.errors import Kind, classify, describe_db_error
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.persist import EventSpool
 from lumio_ingestd.events.records import record_entry
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PlatformEvent, parse_time
-from lumio_ingestd.outage import Outage, describe_db_error
+from lumio_ingestd.outage import Outage
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 from lumio_ingestd.stores.spool import SpoolError
 from lumio_ingestd.worker import STOP_GRACE_SECS
 
-log = logging.getLogger("lumio_ingestd.events.streamstats")
+log = logging.getLogger("lumio_ingestd.streamstats")
 
 Cursor = psycopg2.extensions.cursor
 

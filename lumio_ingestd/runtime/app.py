@@ -58,7 +58,7 @@ from lumio_ingestd.worker import Worker
 if TYPE_CHECKING:
     import redis
 
-log = logging.getLogger("lumio_ingestd.runtime.app")
+log = logging.getLogger("lumio_ingestd.app")
 
 #: Shutdown bounds of seed 000.
 HTTP_GRACE_SECS = 5.0
@@ -124,7 +124,7 @@ def _claim_instance(cfg: Config, client: redis.Redis) -> None:
     take the claim on their first heartbeat, and leave other tokens' lists alone).
     """
     from lumio_ingestd.chat.flusher import default_heartbeat_ttl
-    from lumio_ingestd.chat.lists import InstanceClaim
+    from lumio_ingestd.cluster.instances import InstanceClaim
     from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 
     claim = InstanceClaim(client, cfg.daemon.instance_id, default_heartbeat_ttl(cfg))

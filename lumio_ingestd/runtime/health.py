@@ -37,7 +37,7 @@ from lumio_ingestd.runtime.sdnotify import Notifier
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS, check_durability
 from lumio_ingestd.worker import IntervalWorker, Worker
 
-log = logging.getLogger("lumio_ingestd.runtime.health")
+log = logging.getLogger("lumio_ingestd.health")
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from lumio_ingestd import boundedjson
 from lumio_ingestd.sources.base import Source
 from lumio_ingestd.worker import Worker
 
-log = logging.getLogger("lumio_ingestd.runtime.localstate")
+log = logging.getLogger("lumio_ingestd.localstate")
 
 FILE_NAME = "status.json"
 FORMAT_VERSION = 1

@@ -41,7 +41,7 @@ from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.web.server import Handler, Request, Response, Routes, StreamResponse
 from lumio_ingestd.worker import Worker
 
-log = logging.getLogger("lumio_ingestd.runtime.reconcile")
+log = logging.getLogger("lumio_ingestd.reconcile")
 
 
 class RecordingRoutes(Routes):

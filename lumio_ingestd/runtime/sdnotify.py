@@ -17,7 +17,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-log = logging.getLogger("lumio_ingestd.runtime.sdnotify")
+log = logging.getLogger("lumio_ingestd.sdnotify")
 
 
 class Notifier:

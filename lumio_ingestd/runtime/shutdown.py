@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-log = logging.getLogger("lumio_ingestd.runtime.shutdown")
+log = logging.getLogger("lumio_ingestd.shutdown")
 
 T = TypeVar("T")
 

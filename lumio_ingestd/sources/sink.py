@@ -22,9 +22,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
-from lumio_ingestd.events.persist import PersistResult
-from lumio_ingestd.model import PlatformEvent
-from lumio_ingestd.stores.sessions import StreamChange, StreamSessions, offline_external_id
+from lumio_ingestd.model import PersistResult, PlatformEvent, StreamChange, offline_external_id
+from lumio_ingestd.stores.sessions import StreamSessions
 
 #: The outcomes that mean: this delivery was taken now (and is announced).
 TAKEN = ("stored", "parked", "spooled")

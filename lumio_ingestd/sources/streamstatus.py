@@ -58,13 +58,12 @@ from urllib.parse import urlencode
 
 from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PlatformEvent, parse_time
+from lumio_ingestd.model import OpenSession, PlatformEvent, StreamChange, offline_external_id, parse_time
 from lumio_ingestd.outage import Outage
 from lumio_ingestd.sources.apptoken import AppToken, AppTokenError
 from lumio_ingestd.sources.httpclient import Cancel, HttpResult, HttpUnavailable, join, request
 from lumio_ingestd.sources.kick.mapping import stream_key
 from lumio_ingestd.sources.sink import TAKEN, EventSink
-from lumio_ingestd.stores.sessions import OpenSession, StreamChange, offline_external_id
 from lumio_ingestd.worker import Worker
 
 log = logging.getLogger("lumio_ingestd.sources.streamstatus")

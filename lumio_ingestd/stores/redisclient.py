@@ -29,7 +29,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from lumio_ingestd.config import RedisConfig
 from lumio_ingestd.metrics import Metrics
 
-log = logging.getLogger("lumio_ingestd.stores.redisclient")
+log = logging.getLogger("lumio_ingestd.redisclient")
 
 # What a Redis failure looks like to the tiers above: down, timed out, OOM
 # (maxmemory), READONLY (a replica), MISCONF (cannot persist), busy scripts.

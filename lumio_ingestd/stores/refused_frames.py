@@ -36,7 +36,7 @@ from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import format_time
 
-log = logging.getLogger("lumio_ingestd.stores.refused_frames")
+log = logging.getLogger("lumio_ingestd.framequarantine")
 
 MAX_BYTES = 16 * 1024 * 1024
 MAX_FRAME_BYTES = 64 * 1024

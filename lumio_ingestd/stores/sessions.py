@@ -44,24 +44,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
 from lumio_ingestd.db.errors import classify
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import OpenSession, StreamChange
 
-log = logging.getLogger("lumio_ingestd.stores.sessions")
+log = logging.getLogger("lumio_ingestd.sessions")
 
-@dataclass(frozen=True, slots=True)
-class StreamChange:
-    """A stream went online (with the platform's stream id, when it has one) or offline."""
-
-    kind: Literal["online", "offline"]
-    stream_id: str | None
-    at: datetime
-    platform: str
 
 
 _CLOSE_EARLIER = """
@@ -81,9 +72,6 @@ WHERE account_id = %(account)s AND platform = %(platform)s AND ended_at IS NULL
 """
 
 
-def offline_external_id(stream_id: str) -> str:
-    """The `external_id` of the `stream.offline` that ends stream `stream_id` (every path)."""
-    return f"offline:{stream_id}"
 
 
 _STREAM_BEFORE = """
@@ -99,12 +87,6 @@ ORDER BY started_at
 """
 
 
-@dataclass(frozen=True, slots=True)
-class OpenSession:
-    """An open `stream_sessions` row: its stream id (None when it has none) and start."""
-
-    stream_id: str | None
-    started_at: datetime
 
 
 class StreamSessions:

@@ -75,7 +75,7 @@ from lumio_ingestd import boundedjson
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.worker import IntervalWorker
 
-log = logging.getLogger("lumio_ingestd.stores.spool")
+log = logging.getLogger("lumio_ingestd.spool")
 
 #: A replay handler: gets one kind ("chat" | "event") and that kind's entries, oldest first;
 #: returning means the entries are stored elsewhere, raising means "not now".

@@ -48,7 +48,7 @@ from lumio_ingestd.web.bearer import check_bearer
 from lumio_ingestd.web.server import Handler, Request, Response, Stream, StreamResponse
 from lumio_ingestd.worker import Worker
 
-log = logging.getLogger("lumio_ingestd.web.alerts")
+log = logging.getLogger("lumio_ingestd.alerts")
 
 STREAM_PATH = r"/v1/accounts/(?P<account>[0-9]{1,19})/alerts/stream"
 TOKEN_KEY = "[http] emit_token_file"

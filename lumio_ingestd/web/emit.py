@@ -37,13 +37,20 @@ from typing import Any, Protocol
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.config import Secret
-from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import MAX_ID, MAX_NAME, MAX_TYPE, EventChild, PlatformEvent, parse_time
+from lumio_ingestd.model import (
+    MAX_ID,
+    MAX_NAME,
+    MAX_TYPE,
+    EventChild,
+    PersistResult,
+    PlatformEvent,
+    parse_time,
+)
 from lumio_ingestd.web.bearer import check_bearer
 from lumio_ingestd.web.server import Handler, Request, Response
 
-log = logging.getLogger("lumio_ingestd.web.emit")
+log = logging.getLogger("lumio_ingestd.emit")
 
 PATH = "/v1/events/emit"
 MAX_BODY_BYTES = 256 * 1024

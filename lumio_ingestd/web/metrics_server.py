@@ -22,7 +22,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-log = logging.getLogger("lumio_ingestd.web.metrics_server")
+log = logging.getLogger("lumio_ingestd.metrics_server")
 
 _POLL_SECS = 0.05
 

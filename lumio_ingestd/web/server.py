@@ -72,7 +72,7 @@ from urllib.parse import parse_qs, urlsplit
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.worker import Worker
 
-log = logging.getLogger("lumio_ingestd.web.server")
+log = logging.getLogger("lumio_ingestd.httpserver")
 
 MAX_HEADER_BYTES = 16 * 1024
 MAX_BODY_BYTES = 1024 * 1024

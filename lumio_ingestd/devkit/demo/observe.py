@@ -38,7 +38,7 @@ from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 from lumio_ingestd.worker import Worker
 
-log = logging.getLogger("lumio_ingestd.devkit.demo.observe")
+log = logging.getLogger("lumio_ingestd.demo.observe")
 
 Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
 

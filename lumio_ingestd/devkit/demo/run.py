@@ -51,7 +51,7 @@ from lumio_ingestd.runtime.signals import SignalQueue
 from lumio_ingestd.sources.twitch.helix import SUBSCRIPTIONS
 from lumio_ingestd.worker import Worker
 
-log = logging.getLogger("lumio_ingestd.devkit.demo.run")
+log = logging.getLogger("lumio_ingestd.demo.run")
 
 TICK_SECS = 0.5
 READY_TIMEOUT_SECS = 30.0

@@ -83,7 +83,7 @@ from lumio_ingestd.sources.jetstream.protocol import (
 from lumio_ingestd.stores import jetstream as store
 from lumio_ingestd.stores.jetstream import JetstreamStore
 
-log = logging.getLogger("lumio_ingestd.sources.jetstream.source")
+log = logging.getLogger("lumio_ingestd.sources.jetstream")
 
 POST_COLLECTION = "app.bsky.feed.post"
 MAX_TIME_PLACEHOLDER = 10**16  # a cursor of the longest length, for sizing the URL

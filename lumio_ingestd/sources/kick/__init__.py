@@ -19,9 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lumio_ingestd.config import Config
-from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import ChatMessage, PlatformEvent
+from lumio_ingestd.model import ChatMessage, PersistResult, PlatformEvent
 from lumio_ingestd.sources.apptoken import AppToken
 from lumio_ingestd.sources.kick.signature import (
     KeyFormatError,

@@ -46,9 +46,15 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from lumio_ingestd import boundedjson, fastjson
-from lumio_ingestd.model import MAX_JSON_DEPTH, ChatMessage, EventChild, PlatformEvent, frame_is_clean
+from lumio_ingestd.model import (
+    MAX_JSON_DEPTH,
+    ChatMessage,
+    EventChild,
+    PlatformEvent,
+    StreamChange,
+    frame_is_clean,
+)
 from lumio_ingestd.sources.twitch.mapping import BadFrame, decode_checked, decode_json, sane_time
-from lumio_ingestd.stores.sessions import StreamChange
 
 PLATFORM = "kick"
 BUCKET_SECS = 300

@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lumio_ingestd.config import Config
-from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import PersistResult, PlatformEvent
 from lumio_ingestd.sources.seventv.follow import Followed, Follower, StateStore
 from lumio_ingestd.sources.seventv.source import SevenTvSocket, SevenTvSource
 from lumio_ingestd.sources.sink import Alerts, EventSink

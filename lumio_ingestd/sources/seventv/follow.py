@@ -36,9 +36,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import PersistResult, PlatformEvent
 from lumio_ingestd.sources.seventv.api import ApiError, NotOnSevenTv, SevenTvApi
 from lumio_ingestd.sources.seventv.protocol import (
     EMOTE_SET_UPDATE,

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lumio_ingestd.config import Config
-from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import PersistResult, PlatformEvent
 from lumio_ingestd.sources.sink import Alerts, EventSink
 from lumio_ingestd.sources.streamelements.source import StreamElementsSource
 

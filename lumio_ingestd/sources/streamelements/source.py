@@ -53,6 +53,7 @@ import websocket
 
 from lumio_ingestd.config import AccountConfig, StreamElementsConfig
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.recent import RecentIds
 from lumio_ingestd.sources.base import Source, SourceClosed
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamelements.protocol import (
@@ -71,7 +72,6 @@ from lumio_ingestd.sources.streamelements.protocol import (
     subscribe_request,
 )
 from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
-from lumio_ingestd.stores.seen import RecentIds
 
 log = logging.getLogger("lumio_ingestd.sources.streamelements.source")
 

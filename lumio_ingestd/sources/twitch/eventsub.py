@@ -37,10 +37,10 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.recent import RecentIds
 from lumio_ingestd.sources.base import SourceClosed
 from lumio_ingestd.sources.twitch.mapping import PLATFORM, BadFrame, Envelope, Notification, interpret
 from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
-from lumio_ingestd.stores.seen import RecentIds
 
 log = logging.getLogger("lumio_ingestd.sources.twitch.eventsub")
 

@@ -48,11 +48,11 @@ from lumio_ingestd.model import (
     MAX_JSON_DEPTH,
     ChatMessage,
     PlatformEvent,
+    StreamChange,
     frame_is_clean,
     parse_time,
     slot_setters,
 )
-from lumio_ingestd.stores.sessions import StreamChange
 
 PLATFORM = "twitch"
 MAX_FRAME_BYTES = 512 * 1024

@@ -22,13 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from lumio_ingestd.events.persist import PersistResult
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import PersistResult, PlatformEvent, StreamChange
 from lumio_ingestd.sources.sink import Alerts, EventSink
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.mapping import GIFT_TYPE, PLATFORM, Gift, Notification
-from lumio_ingestd.stores.sessions import StreamChange, StreamSessions
+from lumio_ingestd.stores.sessions import StreamSessions
 
 
 class HeldCopies(Protocol):
