@@ -16,6 +16,7 @@ and repaired field by field as before.
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import os
@@ -523,3 +524,24 @@ class PersistResult:
     def broadcast(self) -> bool:
         """Send the live alert: the event is new and durable. A duplicate's went out before."""
         return self.outcome in ("stored", "parked", "spooled")
+
+
+class Kind(enum.Enum):
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    ENVIRONMENTAL = "environmental"
+
+    @property
+    def retryable(self) -> bool:
+        return self is not Kind.PERMANENT
+
+
+@dataclass(frozen=True, slots=True)
+class Classified:
+    kind: Kind
+    sqlstate: str | None
+    reason: str
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind.retryable

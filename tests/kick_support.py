@@ -29,6 +29,7 @@ from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.events.alerts import AlertPublisher
 from lumio_ingestd.events.persist import EventIngest
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.kick import webhook_key
@@ -38,7 +39,6 @@ from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.stores.redisclient import connect
 from lumio_ingestd.stores.seen import SeenDeliveries
 from lumio_ingestd.stores.sessions import StreamSessions
-from lumio_ingestd.web.alerts import AlertPublisher
 from lumio_ingestd.web.server import Routes
 from support import make_config
 

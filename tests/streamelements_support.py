@@ -23,6 +23,7 @@ from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.devkit.standins.streamelements import AstroStandin
+from lumio_ingestd.events.alerts import AlertPublisher
 from lumio_ingestd.events.persist import EventIngest
 from lumio_ingestd.events.retry import EventRetryWorker
 from lumio_ingestd.metrics import Metrics
@@ -30,7 +31,6 @@ from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamelements.source import StreamElementsSource
 from lumio_ingestd.stores.redisclient import connect
 from lumio_ingestd.stores.spool import Spool
-from lumio_ingestd.web.alerts import AlertPublisher
 from support import make_config
 
 ACCOUNT = 42

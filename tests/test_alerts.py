@@ -16,8 +16,8 @@ import twitch_frames as tf
 from harness.servers import PostgresServer, wait_until
 from http_client import call, serving
 from lumio_ingestd.config import Secret
+from lumio_ingestd.events.alerts import STREAM_PATH, alerts_channel, stream_handler
 from lumio_ingestd.model import PlatformEvent
-from lumio_ingestd.web.alerts import STREAM_PATH, alerts_channel, stream_handler
 from lumio_ingestd.web.server import Routes
 from support import dbname_of
 from twitch_support import EMIT_TOKEN, TwitchRig, make_rig

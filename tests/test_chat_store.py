@@ -23,8 +23,7 @@ from lumio_ingestd.chat.store import (
     store_isolating,
     store_rows_isolating,
 )
-from lumio_ingestd.db.errors import Kind
-from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.model import ChatMessage, Kind
 from support import dbname_of
 
 

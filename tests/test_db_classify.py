@@ -9,7 +9,8 @@ import psycopg2
 import pytest
 
 from harness.servers import PostgresServer
-from lumio_ingestd.db.errors import Classified, Kind, classify
+from lumio_ingestd.db.errors import classify
+from lumio_ingestd.model import Classified, Kind
 
 Conn = psycopg2.extensions.connection
 

@@ -12,14 +12,9 @@ import pytest
 
 from harness.proxy import FaultProxyFactory
 from harness.servers import PostgresServer
-from lumio_ingestd.db.errors import (
-    DeadlineExceeded,
-    Kind,
-    PoolReentryError,
-    PoolTimeout,
-    classify,
-)
+from lumio_ingestd.db.errors import DeadlineExceeded, PoolReentryError, PoolTimeout, classify
 from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.model import Kind
 from support import make_config
 
 

@@ -22,9 +22,9 @@ from events_support import (
     stored_ids,
 )
 from harness.servers import PostgresServer
-from lumio_ingestd.db.errors import Kind, classify
+from lumio_ingestd.db.errors import classify
 from lumio_ingestd.events import store
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import Kind, PlatformEvent
 from support import dbname_of
 
 

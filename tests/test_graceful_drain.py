@@ -26,7 +26,8 @@ import twitch_frames as tf
 from fakes.twitch import FakeSession, FakeTwitch, StandinError
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.model import ChatMessage
-from lumio_ingestd.sources.twitch.source import ChatQueueLike, TwitchSource
+from lumio_ingestd.sources.interfaces import ChatQueueLike
+from lumio_ingestd.sources.twitch.source import TwitchSource
 from support import dbname_of
 from twitch_support import TwitchRig, make_rig
 

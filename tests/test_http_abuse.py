@@ -22,8 +22,8 @@ import pytest
 
 from harness.servers import wait_until
 from lumio_ingestd.config import Secret
+from lumio_ingestd.events.alerts import AlertPublisher, stream_handler
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.web.alerts import AlertPublisher, stream_handler
 from lumio_ingestd.web.server import HttpServer, Request, Response, Routes
 
 ABUSE_SECS = float(os.environ.get("LUMIO_HTTP_ABUSE_SECS", "4"))

@@ -14,7 +14,7 @@ from fakes.jetstream import commit, tid
 from harness.servers import PostgresServer
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
-from lumio_ingestd.sources.jetstream.protocol import Commit, decode
+from lumio_ingestd.sources.jetstream.protocol import ApplyResult, Commit, decode
 from lumio_ingestd.stores import jetstream as store
 from support import make_config
 
@@ -42,7 +42,7 @@ def c(t: int, op: str, rkey: str = "k1", *, rev_t: int | None = None, text: str 
     return out
 
 
-def apply(pool: Pool, commits: list[Commit], cursor: int | None = None, **kw: Any) -> store.ApplyResult:
+def apply(pool: Pool, commits: list[Commit], cursor: int | None = None, **kw: Any) -> ApplyResult:
     if cursor is None and commits:
         cursor = max(x.time_us for x in commits)
     with pool.transaction() as cur:

@@ -26,6 +26,7 @@ from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue
 from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.events.alerts import AlertPublisher
 from lumio_ingestd.events.persist import EventIngest
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.twitch.oauth import TokenStore
@@ -33,7 +34,6 @@ from lumio_ingestd.sources.twitch.sink import TwitchSink
 from lumio_ingestd.sources.twitch.source import TwitchSource
 from lumio_ingestd.stores.redisclient import connect
 from lumio_ingestd.stores.sessions import StreamSessions
-from lumio_ingestd.web.alerts import AlertPublisher
 from support import make_config
 
 ACCOUNT = 42

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from lumio_ingestd.chat.decode import copy_line, entry_row
 from lumio_ingestd.chat.lists import ChatLists, ClaimLost
 from lumio_ingestd.chat.store import DB_ERRORS, Row, stageable, store_rows_isolating
-from lumio_ingestd.db.errors import Classified, Kind, classify, describe_db_error
+from lumio_ingestd.db.errors import classify, describe_db_error
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import EntryError
+from lumio_ingestd.model import Classified, EntryError, Kind
 from lumio_ingestd.outage import Outage
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.quarantine import quarantine_entry

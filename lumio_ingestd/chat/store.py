@@ -48,9 +48,16 @@ from typing import Generic, Protocol, TypeVar
 import psycopg2
 import psycopg2.errors
 
-from lumio_ingestd.db.errors import Classified, DatabaseUnavailable, Kind, classify
+from lumio_ingestd.db.errors import DatabaseUnavailable, classify
 from lumio_ingestd.db.pool import Cursor, Pool
-from lumio_ingestd.model import CHAT_COLUMNS, CHAT_ENTRY_VERSION, MAX_ENTRY_BYTES, ChatMessage
+from lumio_ingestd.model import (
+    CHAT_COLUMNS,
+    CHAT_ENTRY_VERSION,
+    MAX_ENTRY_BYTES,
+    ChatMessage,
+    Classified,
+    Kind,
+)
 
 T = TypeVar("T")
 

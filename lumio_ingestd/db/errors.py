@@ -13,32 +13,11 @@ differs from the seed, which rejects every class-42 error.
 
 from __future__ import annotations
 
-import enum
 import socket
-from dataclasses import dataclass
 
 import psycopg2
 
-
-class Kind(enum.Enum):
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-    ENVIRONMENTAL = "environmental"
-
-    @property
-    def retryable(self) -> bool:
-        return self is not Kind.PERMANENT
-
-
-@dataclass(frozen=True, slots=True)
-class Classified:
-    kind: Kind
-    sqlstate: str | None
-    reason: str
-
-    @property
-    def retryable(self) -> bool:
-        return self.kind.retryable
+from lumio_ingestd.model import Classified, Kind
 
 
 class DatabaseUnavailable(Exception):

@@ -43,13 +43,13 @@ import redis
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.config import Config
-from lumio_ingestd.db.errors import Classified, Kind, classify, describe_db_error
+from lumio_ingestd.db.errors import classify, describe_db_error
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.records import RecordWriters, record_kind
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import MAX_ENTRY_BYTES, EntryError, PersistResult, PlatformEvent
+from lumio_ingestd.model import MAX_ENTRY_BYTES, Classified, EntryError, Kind, PersistResult, PlatformEvent
 from lumio_ingestd.outage import Outage
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 from lumio_ingestd.stores.spool import SpoolError

@@ -77,14 +77,14 @@ import redis
 from lumio_ingestd.cluster.instances import heartbeat_value
 from lumio_ingestd.cluster.lease import Lease
 from lumio_ingestd.config import Config
-from lumio_ingestd.db.errors import Classified, Kind, classify
+from lumio_ingestd.db.errors import classify
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DEADLETTER_TTL_SECS, DeadLetters
 from lumio_ingestd.events.held import HeldGifts
 from lumio_ingestd.events.records import RecordWriter, RecordWriters, record_kind
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import EntryError, EventChild, PlatformEvent
+from lumio_ingestd.model import Classified, EntryError, EventChild, Kind, PlatformEvent
 from lumio_ingestd.outage import Outage, describe_redis_error
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS

@@ -42,13 +42,13 @@ from typing import Any
 import psycopg2.extensions
 import psycopg2.extras
 
-from lumio_ingestd.db.errors import Kind, classify, describe_db_error
+from lumio_ingestd.db.errors import classify, describe_db_error
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.events.persist import EventSpool
 from lumio_ingestd.events.records import record_entry
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PlatformEvent, parse_time
+from lumio_ingestd.model import Kind, PlatformEvent, parse_time
 from lumio_ingestd.outage import Outage
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 from lumio_ingestd.stores.spool import SpoolError

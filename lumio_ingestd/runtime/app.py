@@ -151,6 +151,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue, chat_spool_handler
     from lumio_ingestd.db.pool import Pool
     from lumio_ingestd.events import EventIngest, EventRetryWorker, event_spool_handler
+    from lumio_ingestd.events.alerts import STREAM_PATH, AlertPublisher, stream_handler
     from lumio_ingestd.events.held import HeldGifts
     from lumio_ingestd.events.records import RecordWriters
     from lumio_ingestd.events.streamstats import KIND as STATS_KIND
@@ -175,7 +176,6 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.stores.sessions import StreamSessions
     from lumio_ingestd.stores.seventv import SetStateStore
     from lumio_ingestd.stores.spool import Spool, SpoolError, SpoolReplayer
-    from lumio_ingestd.web.alerts import STREAM_PATH, AlertPublisher, stream_handler
     from lumio_ingestd.web.emit import MAX_BODY_BYTES as EMIT_MAX_BODY
     from lumio_ingestd.web.emit import PATH as EMIT_PATH
     from lumio_ingestd.web.emit import emit_handler

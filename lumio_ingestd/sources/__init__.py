@@ -15,7 +15,8 @@ from typing import Any
 from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PlatformEvent
-from lumio_ingestd.sources.synthetic import ChatQueueLike, SyntheticSource
+from lumio_ingestd.sources.interfaces import ChatQueueLike
+from lumio_ingestd.sources.synthetic import SyntheticSource
 from lumio_ingestd.worker import Worker
 
 

@@ -45,8 +45,8 @@ from collections.abc import Callable
 from typing import Any
 
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources.interfaces import FrameSink
 from lumio_ingestd.sources.ws import WsClosed, WsConnection
-from lumio_ingestd.stores.refused_frames import FrameSink
 from lumio_ingestd.worker import Worker
 
 log = logging.getLogger("lumio_ingestd.sources.base")

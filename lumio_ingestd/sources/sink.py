@@ -9,7 +9,7 @@ of them store and announce an event the same way:
   already had); a `StreamChange` then opens or closes `stream_sessions`.
 - An offline change is keyed by the stream it ends before it is persisted:
   `external_id` = `offline_external_id(stream id)`, the stream from the
-  change itself or else `StreamSessions.stream_before` (sessions.py). The
+  change itself or else `SessionStore.stream_before` (sessions.py). The
   stream-status poller keys its offline the same way, so both paths give
   one row. Without a known stream the event keeps the id its mapping gave.
 
@@ -20,22 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Protocol
 
 from lumio_ingestd.model import PersistResult, PlatformEvent, StreamChange, offline_external_id
-from lumio_ingestd.stores.sessions import StreamSessions
+from lumio_ingestd.sources.interfaces import Alerts, SessionStore
 
 #: The outcomes that mean: this delivery was taken now (and is announced).
 TAKEN = ("stored", "parked", "spooled")
 
 
-class Alerts(Protocol):
-    def publish(self, ev: PlatformEvent) -> None: ...
 
 
 class EventSink:
     def __init__(self, persist_event: Callable[[PlatformEvent], PersistResult], *,
-                 alerts: Alerts | None, sessions: StreamSessions | None) -> None:
+                 alerts: Alerts | None, sessions: SessionStore | None) -> None:
         self._persist_event = persist_event
         self._alerts = alerts
         self.sessions = sessions

@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlencode
 
 from lumio_ingestd.config import Config
@@ -62,6 +62,7 @@ from lumio_ingestd.model import OpenSession, PlatformEvent, StreamChange, offlin
 from lumio_ingestd.outage import Outage
 from lumio_ingestd.sources.apptoken import AppToken, AppTokenError
 from lumio_ingestd.sources.httpclient import Cancel, HttpResult, HttpUnavailable, join, request
+from lumio_ingestd.sources.interfaces import OpenSessions, StatsSink
 from lumio_ingestd.sources.kick.mapping import stream_key
 from lumio_ingestd.sources.sink import TAKEN, EventSink
 from lumio_ingestd.worker import Worker
@@ -107,21 +108,8 @@ class Answer:
     refused: list[str] = field(default_factory=list)
 
 
-class StatsSink(Protocol):
-    """What the poller needs of the statistics store (streamstats.StreamStats)."""
-
-    def add(self, account_id: int, platform: str, viewers: int, *, title: str | None = None,
-            category: str | None = None, at: datetime | None = None) -> None: ...
-
-    def flush_due(self, now: datetime | None = None) -> int: ...
-
-    def flush_all(self, budget_secs: float | None = None) -> int: ...
-
-    def cut_calls_of(self, thread_ident: int | None) -> None: ...
 
 
-class OpenSessions(Protocol):
-    def open_streams(self, platform: str, accounts: list[int]) -> dict[int, OpenSession]: ...
 
 
 # --------------------------------------------------------------------------- API clients

@@ -22,11 +22,12 @@ import secrets
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from lumio_ingestd.config import SyntheticConfig
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage, PlatformEvent
+from lumio_ingestd.sources.interfaces import ChatQueueLike
 from lumio_ingestd.worker import Worker
 
 log = logging.getLogger("lumio_ingestd.sources.synthetic")
@@ -37,12 +38,6 @@ EVENT_TYPE = "synthetic.tip"
 _MAX_PER_TURN = 2000
 
 
-class ChatQueueLike(Protocol):
-    def add(self, msg: ChatMessage) -> Any: ...
-
-    def poll(self) -> Any: ...
-
-    def drain(self) -> Any: ...
 
 
 def message_id(run_id: str, seq: int) -> str:

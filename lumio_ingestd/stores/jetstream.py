@@ -31,14 +31,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import psycopg2
 import psycopg2.extras
 
 from lumio_ingestd.db.errors import classify
 from lumio_ingestd.db.pool import Cursor, Pool
-from lumio_ingestd.sources.jetstream.protocol import Commit
+from lumio_ingestd.model import Classified
+from lumio_ingestd.sources.jetstream.protocol import ApplyResult, Commit
 
 _UPSERT = """
 INSERT INTO bsky_records AS r (did, collection, rkey, rev, cid, record, time_us)
@@ -58,16 +58,6 @@ RETURNING time_us
 """
 
 
-@dataclass(slots=True)
-class ApplyResult:
-    #: Commits that changed the stored state, in batch order.
-    written: list[Commit] = field(default_factory=list)
-    #: Commits that changed nothing: superseded within the batch, or not newer than the stored rev.
-    stale: int = 0
-    #: Commits the database refused for good (only from `apply(isolate=True)`), with the reason.
-    refused: list[tuple[Commit, str]] = field(default_factory=list)
-    #: The stored cursor after the batch (None when no cursor was given and none is stored).
-    cursor: int | None = None
 
 
 class JetstreamStore:
@@ -86,6 +76,9 @@ class JetstreamStore:
               isolate: bool, timeout: float) -> ApplyResult:
         with self.pool.transaction(deadline=time.monotonic() + timeout) as cur:
             return apply(cur, commits, cursor_name=cursor_name, cursor_us=cursor_us, isolate=isolate)
+
+    def classify(self, exc: BaseException) -> Classified:
+        return classify(exc)
 
 
 def load_cursor(cur: Cursor, name: str) -> int | None:

@@ -29,7 +29,6 @@ import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.logs import Throttled
@@ -43,8 +42,6 @@ MAX_FRAME_BYTES = 64 * 1024
 FILE_NAME = "frames.jsonl"
 
 
-class FrameSink(Protocol):
-    def add(self, platform: str, reason: str, raw: bytes | str, detail: str = "") -> None: ...
 
 
 class FrameQuarantine:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -325,3 +325,15 @@ def collection_wanted(collection: str, wanted: tuple[str, ...]) -> bool:
         elif collection == item:
             return True
     return False
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    #: Commits that changed the stored state, in batch order.
+    written: list[Commit] = field(default_factory=list)
+    #: Commits that changed nothing: superseded within the batch, or not newer than the stored rev.
+    stale: int = 0
+    #: Commits the database refused for good (only from `apply(isolate=True)`), with the reason.
+    refused: list[tuple[Commit, str]] = field(default_factory=list)
+    #: The stored cursor after the batch (None when no cursor was given and none is stored).
+    cursor: int | None = None

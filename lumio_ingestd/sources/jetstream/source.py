@@ -61,14 +61,15 @@ from typing import Any, Protocol
 import websocket
 
 from lumio_ingestd.config import AccountConfig, Config, JetstreamConfig
-from lumio_ingestd.db.errors import Kind, classify
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.model import Kind, PlatformEvent
 from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.interfaces import JetstreamStore
 from lumio_ingestd.sources.jetstream.protocol import (
     MAX_DIDS,
     MAX_URL_CHARS,
     Account,
+    ApplyResult,
     BadFrame,
     Commit,
     Event,
@@ -80,8 +81,6 @@ from lumio_ingestd.sources.jetstream.protocol import (
     resume_cursor,
     subscribe_url,
 )
-from lumio_ingestd.stores import jetstream as store
-from lumio_ingestd.stores.jetstream import JetstreamStore
 
 log = logging.getLogger("lumio_ingestd.sources.jetstream")
 
@@ -210,7 +209,7 @@ class JetstreamSource(Source):
         except Exception as exc:
             # Without the saved cursor a connect would start live and skip
             # what happened meanwhile: refuse to connect, the base backs off.
-            if classify(exc).kind is Kind.ENVIRONMENTAL:
+            if self.db.classify(exc).kind is Kind.ENVIRONMENTAL:
                 self.metrics.db_environmental_errors.inc()
             raise
         known = [c for c in (stored, self.saved_cursor) if c is not None]
@@ -331,7 +330,7 @@ class JetstreamSource(Source):
         try:
             result = self._write(commits, cursor, isolate=False, timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - classified; anything else is a write that did not happen
-            why = classify(exc)
+            why = self.db.classify(exc)
             if why.retryable:
                 self._failed(why.kind, why.reason, len(commits))
                 raise SourceClosed(f"database write failed ({why.reason})") from exc
@@ -340,13 +339,13 @@ class JetstreamSource(Source):
             try:
                 result = self._write(commits, cursor, isolate=True, timeout=timeout)
             except Exception as exc2:  # noqa: BLE001 - same as above
-                why2 = classify(exc2)
+                why2 = self.db.classify(exc2)
                 self._failed(why2.kind, why2.reason, len(commits))
                 raise SourceClosed(f"database write failed ({why2.reason})") from exc2
         self._committed(result)
 
     def _write(self, commits: list[Commit], cursor: int | None, *, isolate: bool,
-               timeout: float | None) -> store.ApplyResult:
+               timeout: float | None) -> ApplyResult:
         limit = self.write_timeout_secs if timeout is None else timeout
         return self.db.apply(commits, cursor_name=self.cursor_name, cursor_us=cursor,
                              isolate=isolate, timeout=limit)
@@ -358,7 +357,7 @@ class JetstreamSource(Source):
         log.warning("%s: batch of %d commits not written (%s); the cursor stays at %s and the "
                     "reconnect replays them", self.name, n, reason, self.saved_cursor)
 
-    def _committed(self, result: store.ApplyResult) -> None:
+    def _committed(self, result: ApplyResult) -> None:
         self.metrics.jetstream_batches.labels("committed").inc()
         self.metrics.jetstream_records.labels("written").inc(len(result.written))
         self.metrics.jetstream_records.labels("stale").inc(result.stale)

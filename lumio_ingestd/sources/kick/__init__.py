@@ -22,18 +22,17 @@ from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage, PersistResult, PlatformEvent
 from lumio_ingestd.sources.apptoken import AppToken
+from lumio_ingestd.sources.interfaces import Alerts, ChatQueueLike, SeenIds, SessionStore
 from lumio_ingestd.sources.kick.signature import (
     KeyFormatError,
     RsaPublicKey,
     packaged_key,
     parse_public_key_pem,
 )
-from lumio_ingestd.sources.kick.source import ChatQueueLike, KickSource
+from lumio_ingestd.sources.kick.source import KickSource
 from lumio_ingestd.sources.kick.subscriptions import KickSubscriptions
 from lumio_ingestd.sources.kick.webhook import MAX_BODY_BYTES, PATH, KickWebhook
-from lumio_ingestd.sources.sink import Alerts, EventSink
-from lumio_ingestd.stores.seen import SeenDeliveries
-from lumio_ingestd.stores.sessions import StreamSessions
+from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.web.server import Routes
 
 KEY_SETTING = "[kick] webhook_public_key_file"
@@ -63,7 +62,7 @@ def webhook_key(cfg: Config) -> RsaPublicKey:
         raise KeyFormatError(f"{KEY_SETTING} {path}: {exc}") from None
 
 
-def build_kick(cfg: Config, metrics: Metrics, *, sessions: StreamSessions, seen: SeenDeliveries,
+def build_kick(cfg: Config, metrics: Metrics, *, sessions: SessionStore, seen: SeenIds,
                chat_queue: Callable[[str], ChatQueueLike], chat: Callable[[ChatMessage], str],
                persist_event: Callable[[PlatformEvent], PersistResult],
                alerts: Alerts | None, key: RsaPublicKey | None = None) -> KickParts:

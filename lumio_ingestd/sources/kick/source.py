@@ -40,13 +40,13 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.config import AccountConfig, KickConfig
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import ChatMessage
 from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.interfaces import ChatQueueLike
 from lumio_ingestd.sources.kick.mapping import BUCKET_SECS, PLATFORM, BadFrame, interpret
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
@@ -57,13 +57,6 @@ ACTIVITY_MAX_SECS = 120.0
 PONG_TIMEOUT_SECS = 30.0
 CONFIG_BACKOFF_SECS = 300.0
 
-
-class ChatQueueLike(Protocol):
-    def add(self, msg: ChatMessage, now: float | None = None) -> None: ...
-
-    def poll(self, now: float | None = None) -> None: ...
-
-    def drain(self) -> object: ...
 
 
 class PusherClosed(SourceClosed):

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.sources.interfaces import SeenIds
 from lumio_ingestd.sources.kick.mapping import (
     BUCKET_SECS,
     PLATFORM,
@@ -47,7 +48,6 @@ from lumio_ingestd.sources.kick.mapping import (
 from lumio_ingestd.sources.kick.signature import RsaPublicKey, signed_bytes, verify
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.webhookcheck import WebhookChecks
-from lumio_ingestd.stores.seen import SeenDeliveries
 from lumio_ingestd.web.server import Request, Response
 
 log = logging.getLogger("lumio_ingestd.sources.kick.webhook")
@@ -65,7 +65,7 @@ H_SUBSCRIPTION = "Kick-Event-Subscription-Id"
 
 class KickWebhook:
     def __init__(self, key: RsaPublicKey, accounts: Mapping[str, int], sink: EventSink,
-                 chat: Callable[[ChatMessage], str], seen: SeenDeliveries, metrics: Metrics, *,
+                 chat: Callable[[ChatMessage], str], seen: SeenIds, metrics: Metrics, *,
                  max_age_secs: float = 600.0, bucket_secs: int = BUCKET_SECS,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._key = key

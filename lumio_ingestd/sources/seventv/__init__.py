@@ -7,7 +7,7 @@
 
 The wire protocol and the mapping are `lumio_ingestd.sources.seventv.protocol`; the
 state table is `lumio_ingestd.stores.seventv` (given to the source by
-`build()` in app.py as a `StateStore`, so nothing here touches the database).
+`build()` in app.py as a `SetStateStore`, so nothing here touches the database).
 
 `build_seventv()` makes the source when `[seventv] enabled` is true, for the
 accounts of this shard that have `seventv_user_id`, `seventv_emote_set_id`
@@ -21,9 +21,10 @@ from collections.abc import Callable
 from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PersistResult, PlatformEvent
-from lumio_ingestd.sources.seventv.follow import Followed, Follower, StateStore
+from lumio_ingestd.sources.interfaces import Alerts, SetStateStore
+from lumio_ingestd.sources.seventv.follow import Followed, Follower
 from lumio_ingestd.sources.seventv.source import SevenTvSocket, SevenTvSource
-from lumio_ingestd.sources.sink import Alerts, EventSink
+from lumio_ingestd.sources.sink import EventSink
 
 
 def followed_accounts(cfg: Config) -> list[Followed]:
@@ -34,7 +35,7 @@ def followed_accounts(cfg: Config) -> list[Followed]:
             and cfg.owns(a.account_id)]
 
 
-def build_seventv(cfg: Config, metrics: Metrics, *, store: StateStore,
+def build_seventv(cfg: Config, metrics: Metrics, *, store: SetStateStore,
                   persist_event: Callable[[PlatformEvent], PersistResult],
                   alerts: Alerts | None) -> SevenTvSource | None:
     """The source, when `[seventv] enabled` and this shard has an account to follow."""

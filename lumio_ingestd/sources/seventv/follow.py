@@ -38,6 +38,7 @@ from typing import Protocol
 
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PersistResult, PlatformEvent
+from lumio_ingestd.sources.interfaces import SetStateStore
 from lumio_ingestd.sources.seventv.api import ApiError, NotOnSevenTv, SevenTvApi
 from lumio_ingestd.sources.seventv.protocol import (
     EMOTE_SET_UPDATE,
@@ -59,10 +60,6 @@ log = logging.getLogger("lumio_ingestd.sources.seventv.follow")
 RECENT = timedelta(hours=24)
 
 
-class StateStore(Protocol):
-    def load(self, account_id: int) -> SetState | None: ...
-
-    def save(self, account_id: int, state: SetState, expected_version: int | None) -> bool: ...
 
 
 class Sink(Protocol):
@@ -119,7 +116,7 @@ class Followed:
 
 
 class Follower:
-    def __init__(self, name: str, api: SevenTvApi, store: StateStore, sink: Sink, metrics: Metrics, *,
+    def __init__(self, name: str, api: SevenTvApi, store: SetStateStore, sink: Sink, metrics: Metrics, *,
                  heal_retry_min_secs: float = 2.0, heal_retry_max_secs: float = 60.0,
                  missing_retry_secs: float = 1800.0,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:

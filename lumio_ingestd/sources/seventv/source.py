@@ -56,8 +56,9 @@ from typing import Any
 
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.interfaces import FrameSink, SetStateStore
 from lumio_ingestd.sources.seventv.api import SevenTvApi
-from lumio_ingestd.sources.seventv.follow import Followed, Follower, Sink, StateStore, Subscription
+from lumio_ingestd.sources.seventv.follow import Followed, Follower, Sink, Subscription
 from lumio_ingestd.sources.seventv.protocol import (
     EMOTE_SET_UPDATE,
     PLATFORM,
@@ -79,7 +80,6 @@ from lumio_ingestd.sources.seventv.protocol import (
     user_update,
 )
 from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
-from lumio_ingestd.stores.refused_frames import FrameSink
 from lumio_ingestd.worker import Worker
 
 log = logging.getLogger("lumio_ingestd.sources.seventv.source")
@@ -102,7 +102,7 @@ class SevenTvSocket(Source):
     max_turn_secs = 60.0
 
     def __init__(self, name: str, url: str, group: Sequence[Followed], *, api: SevenTvApi,
-                 store: StateStore, sink: Sink, metrics: Metrics,
+                 store: SetStateStore, sink: Sink, metrics: Metrics,
                  give_back: Callable[[list[Followed]], None],
                  connect_timeout_secs: float = 10.0, read_poll_secs: float = 0.25,
                  resume: bool = True, resume_ack_secs: float = 2.0,
@@ -476,7 +476,7 @@ class SevenTvSource(Worker):
 
     platform = PLATFORM
 
-    def __init__(self, url: str, api_url: str, accounts: Sequence[Followed], *, store: StateStore,
+    def __init__(self, url: str, api_url: str, accounts: Sequence[Followed], *, store: SetStateStore,
                  sink: Sink, metrics: Metrics, name: str = "source-seventv",
                  api_timeout_secs: float = 5.0, turn_secs: float = 0.2, stop_secs: float = 4.0,
                  **socket_opts: Any) -> None:

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PersistResult, PlatformEvent
-from lumio_ingestd.sources.sink import Alerts, EventSink
+from lumio_ingestd.sources.interfaces import Alerts
+from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamelements.source import StreamElementsSource
 
 

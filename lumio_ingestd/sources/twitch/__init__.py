@@ -21,13 +21,11 @@ from dataclasses import dataclass, field
 from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage, PersistResult, PlatformEvent
-from lumio_ingestd.sources.sink import Alerts
+from lumio_ingestd.sources.interfaces import Alerts, ChatQueueLike, SeenIds, SessionStore
 from lumio_ingestd.sources.twitch.oauth import TokenStore
 from lumio_ingestd.sources.twitch.sink import HeldCopies, TwitchSink
-from lumio_ingestd.sources.twitch.source import ChatQueueLike, TwitchSource
+from lumio_ingestd.sources.twitch.source import TwitchSource
 from lumio_ingestd.sources.twitch.webhook import MAX_BODY_BYTES, PATH, TwitchWebhook
-from lumio_ingestd.stores.seen import SeenDeliveries
-from lumio_ingestd.stores.sessions import StreamSessions
 from lumio_ingestd.web.server import Routes
 
 
@@ -35,14 +33,14 @@ from lumio_ingestd.web.server import Routes
 class TwitchParts:
     sources: list[TwitchSource] = field(default_factory=list)
     webhook: TwitchWebhook | None = None
-    sessions: StreamSessions | None = None
+    sessions: SessionStore | None = None
 
     def add_routes(self, routes: Routes) -> None:
         if self.webhook is not None:
             routes.add("POST", PATH, self.webhook.handle, max_body_bytes=MAX_BODY_BYTES)
 
 
-def build_twitch(cfg: Config, metrics: Metrics, *, sessions: StreamSessions, seen: SeenDeliveries,
+def build_twitch(cfg: Config, metrics: Metrics, *, sessions: SessionStore, seen: SeenIds,
                  chat_queue: Callable[[str], ChatQueueLike], chat: Callable[[ChatMessage], str],
                  persist_event: Callable[[PlatformEvent], PersistResult],
                  alerts: Alerts | None, held: HeldCopies | None = None) -> TwitchParts:

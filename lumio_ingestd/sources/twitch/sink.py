@@ -24,10 +24,10 @@ from typing import Protocol
 
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PersistResult, PlatformEvent, StreamChange
-from lumio_ingestd.sources.sink import Alerts, EventSink
+from lumio_ingestd.sources.interfaces import Alerts, SessionStore
+from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.mapping import GIFT_TYPE, PLATFORM, Gift, Notification
-from lumio_ingestd.stores.sessions import StreamSessions
 
 
 class HeldCopies(Protocol):
@@ -40,7 +40,7 @@ class HeldCopies(Protocol):
 
 class TwitchSink(EventSink):
     def __init__(self, persist_event: Callable[[PlatformEvent], PersistResult], metrics: Metrics, *,
-                 alerts: Alerts | None, sessions: StreamSessions | None,
+                 alerts: Alerts | None, sessions: SessionStore | None,
                  held: HeldCopies | None = None) -> None:
         super().__init__(persist_event, alerts=alerts, sessions=sessions)
         self._metrics = metrics

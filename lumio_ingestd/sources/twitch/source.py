@@ -45,13 +45,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Protocol
 
 from lumio_ingestd.config import AccountConfig, TwitchConfig
 from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import ChatMessage
 from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.interfaces import ChatQueueLike
 from lumio_ingestd.sources.twitch.eventsub import EventSubClient, EventSubClosed, KeepaliveTimeout
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.helix import (
@@ -91,13 +90,6 @@ CLOSE_CODES: dict[int, tuple[str, int]] = {
     4007: ("the reconnect URL was invalid", logging.WARNING),
 }
 
-
-class ChatQueueLike(Protocol):
-    def add(self, msg: ChatMessage, now: float | None = None) -> None: ...
-
-    def poll(self, now: float | None = None) -> None: ...
-
-    def drain(self) -> object: ...
 
 
 class TwitchSource(Source):

@@ -47,6 +47,7 @@ from lumio_ingestd.config import Secret
 from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.sources.interfaces import FrameSink, SeenIds
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.helix import SUBSCRIPTIONS
 from lumio_ingestd.sources.twitch.mapping import (
@@ -60,8 +61,6 @@ from lumio_ingestd.sources.twitch.mapping import (
 )
 from lumio_ingestd.sources.twitch.sink import TwitchSink
 from lumio_ingestd.sources.webhookcheck import WebhookChecks
-from lumio_ingestd.stores.refused_frames import FrameSink
-from lumio_ingestd.stores.seen import SeenDeliveries
 from lumio_ingestd.web.server import Request, Response
 
 log = logging.getLogger("lumio_ingestd.sources.twitch.webhook")
@@ -86,7 +85,7 @@ def signature(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
 
 class TwitchWebhook:
     def __init__(self, secret: Secret | None, accounts: Mapping[str, int], sink: TwitchSink,
-                 chat: Callable[[ChatMessage], str], seen: SeenDeliveries,
+                 chat: Callable[[ChatMessage], str], seen: SeenIds,
                  metrics: Metrics, *, gift_wait_secs: float = GIFT_WAIT_SECS,
                  max_age_secs: float = MAX_AGE_SECS, types: Iterable[str] | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
