@@ -25,13 +25,8 @@ import pytest
 
 from harness.servers import PostgresServer, wait_until
 from lumio_ingestd.devkit.standins.streamelements import AstroStandin, tip_doc
-from lumio_ingestd.sources.streamelements.protocol import (
-    BadFrame,
-    Frame,
-    map_message,
-    parse_frame,
-    parse_token,
-)
+from lumio_ingestd.sources.base import BadFrame
+from lumio_ingestd.sources.streamelements.protocol import Frame, map_message, parse_frame, parse_token
 from streamelements_support import ROOM, TOKEN, SeRig, make_rig
 from support import dbname_of
 

@@ -258,12 +258,12 @@ def test_user_input_that_looks_like_json_is_kept_as_text_never_decoded(trig: Twi
 
 
 def test_the_other_platforms_decoders_refuse_deep_nesting_as_a_bad_frame() -> None:
+    from lumio_ingestd.sources.base import BadFrame as KickBadFrame
+    from lumio_ingestd.sources.base import BadFrame as SeBadFrame
     from lumio_ingestd.sources.kick.mapping import parse_frame as kick_parse_frame
     from lumio_ingestd.sources.seventv.protocol import BadFrame as SevenTvBadFrame
     from lumio_ingestd.sources.seventv.protocol import decode as seventv_decode
-    from lumio_ingestd.sources.streamelements.protocol import BadFrame as SeBadFrame
     from lumio_ingestd.sources.streamelements.protocol import parse_frame as se_parse_frame
-    from lumio_ingestd.sources.twitch.mapping import BadFrame as KickBadFrame  # Kick shares it
 
     deep = "[" * 100_000 + "]" * 100_000
     # Kick's Pusher frames carry their payload as a JSON string inside the frame.

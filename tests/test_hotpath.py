@@ -30,8 +30,9 @@ from lumio_ingestd.model import (
     utc,
 )
 from lumio_ingestd.recent import RecentIds
+from lumio_ingestd.sources.base import BadFrame
 from lumio_ingestd.sources.twitch import mapping
-from lumio_ingestd.sources.twitch.mapping import BadFrame, interpret, map_chat, parse_envelope
+from lumio_ingestd.sources.twitch.mapping import interpret, map_chat, parse_envelope
 
 DELIVERY = datetime(2026, 1, 5, 18, 1, 2, 345678, tzinfo=UTC)
 

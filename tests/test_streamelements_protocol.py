@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from lumio_ingestd.devkit.standins.streamelements import activity_doc, tip_activity_doc, tip_doc
+from lumio_ingestd.sources.base import BadFrame
 from lumio_ingestd.sources.streamelements.protocol import (
     ACTIVITIES,
     TIP_MODERATION,
     TIPS,
-    BadFrame,
     map_message,
     parse_frame,
     parse_token,

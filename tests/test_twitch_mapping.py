@@ -12,9 +12,10 @@ import twitch_frames as tf
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PlatformEvent
 from lumio_ingestd.recent import RecentIds
+from lumio_ingestd.sources.base import BadFrame
 from lumio_ingestd.sources.twitch.eventsub import connect_url
 from lumio_ingestd.sources.twitch.gifts import CHILD_KIND, GiftLinker
-from lumio_ingestd.sources.twitch.mapping import BadFrame, Gift, Notification, interpret, map_notification
+from lumio_ingestd.sources.twitch.mapping import Gift, Notification, interpret, map_notification
 
 DELIVERY = datetime(2026, 1, 5, 18, 1, 2, 345678, tzinfo=UTC)
 

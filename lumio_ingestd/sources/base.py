@@ -19,6 +19,12 @@ whatever the source still holds in memory to durable storage. `close()` is
 the hard path, safe from any thread: dead connections, and a source without
 a drain of its own (its `interrupt()` is `close()`).
 
+What every socket source shares lives here once: `SourceClosed` and
+`PeerClosed` (the connection ended, with the peer's close code), `BadFrame`
+(a frame refused, with a metric label), `MAX_FRAMES_PER_TURN`, the reconnect
+backoff (with `force_backoff` for a wait the platform or a rule imposes), and
+the refused-frame sink, given at construction.
+
 Every source keeps a `SourceState`: its connection state (connecting,
 connected, backoff, stopped), when it last connected, its last error and how
 often it connected, failed and lost the connection. The source's thread writes
@@ -54,6 +60,30 @@ log = logging.getLogger("lumio_ingestd.sources.base")
 
 class SourceClosed(Exception):
     """The connection ended (closed by the peer, by a protocol rule, or by `wake()`)."""
+
+
+class PeerClosed(SourceClosed):
+    """The platform closed the connection; `code` is its close code (None without a close frame).
+    Without `message` the text says who closed it and why."""
+
+    def __init__(self, code: int | None, reason: str, *, peer: str = "", message: str = "") -> None:
+        super().__init__(message or (f"closed by {peer} with code {code}: {reason}" if code is not None
+                                     else f"connection lost: {reason}"))
+        self.code = code
+
+
+class BadFrame(ValueError):
+    """A frame refused: `reason` is a short metric label (`source_bad_frames{reason}`), `detail`
+    says what is wrong, for the log. The message is `detail`, or `message` when given."""
+
+    def __init__(self, reason: str, detail: str, *, message: str = "") -> None:
+        super().__init__(message or detail)
+        self.reason = reason
+        self.detail = detail
+
+
+#: Frames one read turn handles at most before the loop's own timers run (keepalives, queue age).
+MAX_FRAMES_PER_TURN = 256
 
 
 #: The states a source is in; `source_state{platform,state}` has one series per state.
@@ -161,7 +191,7 @@ class Source(Worker):
     #: A graceful stop's `drain()` reads for at most this long (inside the sources' stop bound).
     drain_secs: float = 1.0
 
-    def __init__(self, name: str, metrics: Metrics) -> None:
+    def __init__(self, name: str, metrics: Metrics, *, frames: FrameSink | None = None) -> None:
         super().__init__(name, metrics, role=f"source-{self.platform}")
         self.connected = False
         self._attempts = 0
@@ -169,8 +199,9 @@ class Source(Worker):
         self._healthy = False
         self._rng = random.Random()
         self.source_state = SourceState(self.platform, metrics)
-        #: Where refused frames go with their raw bytes (B17); set by the composition root.
-        self.frame_quarantine: FrameSink | None = None
+        #: Where refused frames go with their raw bytes (docs/operating.rst, "Refused frames").
+        self.frame_quarantine = frames
+        self._forced_backoff: float | None = None
 
     # -- for subclasses ----------------------------------------------------------
 
@@ -276,7 +307,16 @@ class Source(Worker):
         log.warning("%s: disconnected (%s); reconnecting in %.1fs", self.name, why, delay)
         return delay
 
+    def force_backoff(self, secs: float) -> None:
+        """The next reconnect waits `secs` instead of the jittered backoff (once)."""
+        self._forced_backoff = secs
+
     def next_backoff(self) -> float:
+        """A wait set by `force_backoff`, else `jittered_backoff()`."""
+        forced, self._forced_backoff = self._forced_backoff, None
+        return forced if forced is not None else self.jittered_backoff()
+
+    def jittered_backoff(self) -> float:
         """Full jitter: uniform in [min, min(max, min * 2^attempts)]."""
         ceiling = min(self.reconnect_max_secs, self.reconnect_min_secs * 2.0 ** max(0, self._attempts - 1))
         return self._rng.uniform(self.reconnect_min_secs, max(self.reconnect_min_secs, ceiling))

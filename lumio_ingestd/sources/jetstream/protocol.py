@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.model import clean_json
+from lumio_ingestd.sources import base
 
 OPERATIONS: Final = ("create", "update", "delete")
 KINDS: Final = ("commit", "identity", "account")
@@ -72,15 +73,14 @@ _MAX_HANDLE = 253
 _MAX_STATUS = 64
 
 
-class BadFrame(ValueError):
-    """A frame refused as malformed or unsupported; `reason` is one of BAD_FRAME_REASONS."""
+class BadFrame(base.BadFrame):
+    """The shared `BadFrame`, with the commit's DID and time when known; `reason` is one of
+    BAD_FRAME_REASONS."""
 
     def __init__(self, reason: str, detail: str, *, did: str | None = None,
                  time_us: int | None = None) -> None:
-        super().__init__(f"{reason}: {detail}")
+        super().__init__(reason, detail, message=f"{reason}: {detail}")
         assert reason in BAD_FRAME_REASONS, reason
-        self.reason = reason
-        self.detail = detail
         self.did = did
         self.time_us = time_us
 

@@ -64,7 +64,7 @@ from lumio_ingestd.config import AccountConfig, Config, JetstreamConfig
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import Kind, PlatformEvent
 from lumio_ingestd.sources.base import Source, SourceClosed
-from lumio_ingestd.sources.interfaces import JetstreamStore
+from lumio_ingestd.sources.interfaces import FrameSink, JetstreamStore
 from lumio_ingestd.sources.jetstream.protocol import (
     MAX_DIDS,
     MAX_URL_CHARS,
@@ -107,8 +107,9 @@ class JetstreamSource(Source):
                  write_timeout_secs: float = 10.0,
                  stop_write_timeout_secs: float = 3.0,
                  retention_secs: float = 24 * 3600.0,
-                 clock: Callable[[], float] = time.time) -> None:
-        super().__init__(name, metrics)
+                 clock: Callable[[], float] = time.time,
+                 frames: FrameSink | None = None) -> None:
+        super().__init__(name, metrics, frames=frames)
         self.url = cfg.url
         self.collections = cfg.collections
         self.rewind_secs = cfg.rewind_secs

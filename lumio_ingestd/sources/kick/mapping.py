@@ -54,7 +54,8 @@ from lumio_ingestd.model import (
     StreamChange,
     frame_is_clean,
 )
-from lumio_ingestd.sources.twitch.mapping import BadFrame, decode_checked, decode_json, sane_time
+from lumio_ingestd.sources.base import BadFrame
+from lumio_ingestd.sources.twitch.mapping import decode_checked, decode_json, sane_time
 
 PLATFORM = "kick"
 BUCKET_SECS = 300

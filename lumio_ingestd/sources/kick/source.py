@@ -45,8 +45,8 @@ from typing import Any
 from lumio_ingestd import boundedjson
 from lumio_ingestd.config import AccountConfig, KickConfig
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.sources.base import Source, SourceClosed
-from lumio_ingestd.sources.interfaces import ChatQueueLike
+from lumio_ingestd.sources.base import PeerClosed, Source, SourceClosed
+from lumio_ingestd.sources.interfaces import ChatQueueLike, FrameSink
 from lumio_ingestd.sources.kick.mapping import BUCKET_SECS, PLATFORM, BadFrame, interpret
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
@@ -58,11 +58,6 @@ PONG_TIMEOUT_SECS = 30.0
 CONFIG_BACKOFF_SECS = 300.0
 
 
-
-class PusherClosed(SourceClosed):
-    def __init__(self, code: int | None, why: str) -> None:
-        super().__init__(why)
-        self.code = code
 
 
 def close_class(code: int | None) -> str:
@@ -95,8 +90,9 @@ class KickSource(Source):
                  pong_timeout_secs: float = PONG_TIMEOUT_SECS, connect_timeout_secs: float = 10.0,
                  config_backoff_secs: float = CONFIG_BACKOFF_SECS, read_budget_secs: float = 0.5,
                  bucket_secs: int = BUCKET_SECS,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        super().__init__(f"source-kick-{account.account_id}", metrics)
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 frames: FrameSink | None = None) -> None:
+        super().__init__(f"source-kick-{account.account_id}", metrics, frames=frames)
         self.account_id = account.account_id
         self.channels = channels_for(account)
         self._url = kick.pusher_url
@@ -110,7 +106,6 @@ class KickSource(Source):
         self._bucket = bucket_secs
         self._clock = clock
         self._ws: WsConnection | None = None
-        self._forced_backoff: float | None = None
         self.activity_timeout = activity_max_secs  # the one in force on this connection
         self.socket_id: str | None = None
         self.subscribed: set[str] = set()  # channels the server confirmed on this connection
@@ -151,7 +146,7 @@ class KickSource(Source):
                 raw = ws.recv(left)
             except WsClosed as exc:
                 self._closed_with(exc.code, exc.reason)
-                raise PusherClosed(exc.code, str(exc)) from None
+                raise PeerClosed(exc.code, str(exc), message=str(exc)) from None
             if raw is None:
                 if ws.woken:
                     raise SourceClosed("stopping")
@@ -181,7 +176,8 @@ class KickSource(Source):
                 code = inner.get("code")
                 code = code if isinstance(code, int) else None
                 self._closed_with(code, str(inner.get("message") or ""))
-                raise PusherClosed(code, f"pusher:error {code}: {str(inner.get('message'))[:200]}")
+                why = f"pusher:error {code}: {str(inner.get('message'))[:200]}"
+                raise PeerClosed(code, why, message=why)
 
     def read_once(self) -> None:
         ws = self._ws
@@ -192,7 +188,7 @@ class KickSource(Source):
         except WsClosed as exc:
             self._closed_with(exc.code, exc.reason)
             self._queue.drain()  # the backoff may be long: nothing read waits in memory through it
-            raise PusherClosed(exc.code, str(exc)) from None
+            raise PeerClosed(exc.code, str(exc), message=str(exc)) from None
         now = time.monotonic()
         if raw is not None:
             self._last_activity = now
@@ -244,9 +240,6 @@ class KickSource(Source):
             self._sink.sessions.drop_pending()
         log.info("%s: released (%s)", self.name, counts)
 
-    def next_backoff(self) -> float:
-        forced, self._forced_backoff = self._forced_backoff, None
-        return forced if forced is not None else super().next_backoff()
 
     # -- frames ---------------------------------------------------------------------------
 
@@ -296,7 +289,8 @@ class KickSource(Source):
                 return
             self._closed_with(code, message)
             self._queue.drain()
-            raise PusherClosed(code, f"pusher:error {code}: {message}")
+            why = f"pusher:error {code}: {message}"
+            raise PeerClosed(code, why, message=why)
 
     def _bad(self, reason: str, why: str, raw: bytes) -> None:
         self.metrics.source_frames.labels(PLATFORM, "bad").inc()
@@ -314,10 +308,10 @@ class KickSource(Source):
             log.error("%s: Kick's Pusher server refused this client with %s (%s): check [kick] "
                       "pusher_url (app key, protocol version); retrying in %.0fs", self.name, code,
                       reason[:200], self._config_backoff)
-            self._forced_backoff = self._config_backoff
+            self.force_backoff(self._config_backoff)
         elif kind == "retry":
             log.info("%s: closed with %s (%s); reconnecting at once", self.name, code, reason[:200])
-            self._forced_backoff = 0.0
+            self.force_backoff(0.0)
         elif kind == "backoff":
             log.warning("%s: closed with %s (%s); backing off", self.name, code, reason[:200])
-            self._forced_backoff = max(1.0, super().next_backoff())
+            self.force_backoff(max(1.0, self.jittered_backoff()))

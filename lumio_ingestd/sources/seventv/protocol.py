@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.model import PlatformEvent
+from lumio_ingestd.sources import base
 
 PLATFORM = "seventv"
 
@@ -75,11 +76,11 @@ EVENT_TYPES: dict[str, str] = {"added": "emote.added", "removed": "emote.removed
                                "renamed": "emote.renamed"}
 
 
-class BadFrame(ValueError):
+class BadFrame(base.BadFrame):
+    """The shared `BadFrame`; its message names the reason too."""
+
     def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+        super().__init__(reason, detail, message=f"{reason}: {detail}")
 
 
 class BadResponse(ValueError):

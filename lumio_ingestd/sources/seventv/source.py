@@ -110,8 +110,8 @@ class SevenTvSocket(Source):
                  heal_retry_min_secs: float = 2.0, heal_retry_max_secs: float = 60.0,
                  missing_retry_secs: float = 1800.0, reconnect_jitter_secs: float = 1.0,
                  maintenance_wait_secs: float = 300.0, rate_limited_wait_secs: float = 60.0,
-                 client_bug_wait_secs: float = 600.0) -> None:
-        super().__init__(name, metrics)
+                 client_bug_wait_secs: float = 600.0, frames: FrameSink | None = None) -> None:
+        super().__init__(name, metrics, frames=frames)
         self.url = url
         self.group: list[Followed] = list(group)
         self.api = api
@@ -130,7 +130,6 @@ class SevenTvSocket(Source):
         self.client_bug_wait_secs = client_bug_wait_secs
         self._ws: WsConnection | None = None
         self._ws_lock = threading.Lock()
-        self._forced_backoff: float | None = None
         #: Subscribes sent on this connection that the server has not acked yet.
         self._unacked = 0
         #: What the server holds for this connection.
@@ -296,10 +295,6 @@ class SevenTvSocket(Source):
                 log.warning("%s: subscribing failed (%s)", self.name, exc)
                 ws.abort()
 
-    def next_backoff(self) -> float:
-        forced, self._forced_backoff = self._forced_backoff, None
-        return forced if forced is not None else super().next_backoff()
-
     def interrupt(self) -> None:
         with self._ws_lock:
             ws = self._ws
@@ -385,7 +380,7 @@ class SevenTvSocket(Source):
             self.metrics.source_frames.labels(PLATFORM, "reconnect").inc()
             self.metrics.source_closes.labels(PLATFORM, "op4").inc()
             log.info("%s: the server asks to reconnect (%s)", self.name, frame.reason or "op 4")
-            self._forced_backoff = self._rng.uniform(0.0, self.reconnect_jitter_secs)
+            self.force_backoff(self._rng.uniform(0.0, self.reconnect_jitter_secs))
             raise SourceClosed("op 4 Reconnect")
         elif isinstance(frame, EndOfStream):
             self.metrics.source_frames.labels(PLATFORM, "end_of_stream").inc()
@@ -452,23 +447,22 @@ class SevenTvSocket(Source):
             return
         meaning = CLOSE_MEANINGS.get(code, "")
         if code in RECONNECT_AT_ONCE:
-            self._forced_backoff = self._rng.uniform(0.0, self.reconnect_jitter_secs)
+            self.force_backoff(self._rng.uniform(0.0, self.reconnect_jitter_secs))
             log.info("%s: closed with %d (%s); reconnecting at once", self.name, code, meaning)
         elif code == MAINTENANCE:
-            self._forced_backoff = self.maintenance_wait_secs + self._rng.uniform(
+            wait = self.maintenance_wait_secs + self._rng.uniform(
                 0.0, max(self.reconnect_jitter_secs, self.maintenance_wait_secs / 10))
-            log.warning("%s: closed with 4007 (maintenance); reconnecting in %.0fs", self.name,
-                        self._forced_backoff)
+            self.force_backoff(wait)
+            log.warning("%s: closed with 4007 (maintenance); reconnecting in %.0fs", self.name, wait)
         elif code == RATE_LIMITED:
-            self._forced_backoff = self.rate_limited_wait_secs + self._rng.uniform(
-                0.0, self.reconnect_jitter_secs)
-            log.warning("%s: closed with 4005 (rate limited); reconnecting in %.0fs", self.name,
-                        self._forced_backoff)
+            wait = self.rate_limited_wait_secs + self._rng.uniform(0.0, self.reconnect_jitter_secs)
+            self.force_backoff(wait)
+            log.warning("%s: closed with 4005 (rate limited); reconnecting in %.0fs", self.name, wait)
         elif code in CLIENT_BUGS:
-            self._forced_backoff = self.client_bug_wait_secs
+            self.force_backoff(self.client_bug_wait_secs)
             log.error("%s: closed with %d (%s: %s): the server says this client is wrong, a bug "
                       "to fix; reconnecting in %.0fs", self.name, code, meaning, reason[:200],
-                      self._forced_backoff)
+                      self.client_bug_wait_secs)
 
 
 class SevenTvSource(Worker):
@@ -479,7 +473,7 @@ class SevenTvSource(Worker):
     def __init__(self, url: str, api_url: str, accounts: Sequence[Followed], *, store: SetStateStore,
                  sink: Sink, metrics: Metrics, name: str = "source-seventv",
                  api_timeout_secs: float = 5.0, turn_secs: float = 0.2, stop_secs: float = 4.0,
-                 **socket_opts: Any) -> None:
+                 frames: FrameSink | None = None, **socket_opts: Any) -> None:
         super().__init__(name, metrics, role="source-seventv")
         self.url = url
         self.api_url = api_url
@@ -496,8 +490,8 @@ class SevenTvSource(Worker):
         #: Tuning for the sockets made from now on (tests shorten the reconnect waits).
         self.reconnect_min_secs = 1.0
         self.reconnect_max_secs = 60.0
-        #: Where the sockets made from now on keep refused frames (B17); set by the composition root.
-        self.frame_quarantine: FrameSink | None = None
+        #: Where the sockets keep refused frames.
+        self.frame_quarantine = frames
 
     def give_back(self, accounts: list[Followed]) -> None:
         with self._lock:
@@ -511,10 +505,9 @@ class SevenTvSource(Worker):
             sock = SevenTvSocket(f"{self.name}-{self._made}", self.url, waiting,
                                  api=SevenTvApi(self.api_url, timeout_secs=self.api_timeout_secs),
                                  store=self.store, sink=self.sink, metrics=self.metrics,
-                                 give_back=self.give_back, **self.socket_opts)
+                                 give_back=self.give_back, frames=self.frame_quarantine, **self.socket_opts)
             sock.reconnect_min_secs = self.reconnect_min_secs
             sock.reconnect_max_secs = self.reconnect_max_secs
-            sock.frame_quarantine = self.frame_quarantine
             self.sockets.append(sock)
             sock.start()
         for sock in self.sockets:

@@ -49,6 +49,7 @@ from typing import Any
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.model import PlatformEvent, parse_time
+from lumio_ingestd.sources.base import BadFrame
 
 PLATFORM = "streamelements"
 MAX_FRAME_BYTES = 512 * 1024
@@ -73,13 +74,6 @@ _PII_KEYS = frozenset({"email", "emailaddress", "geo", "geolocation", "ip", "ipa
 _TYPE_OK = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _NOT_WORD = re.compile(r"[^A-Za-z0-9_.:-]+")
 
-
-class BadFrame(Exception):
-    """A frame refused; `reason` is a short metric label."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ import websocket
 from lumio_ingestd.config import AccountConfig, StreamElementsConfig
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.recent import RecentIds
-from lumio_ingestd.sources.base import Source, SourceClosed
+from lumio_ingestd.sources.base import MAX_FRAMES_PER_TURN, BadFrame, PeerClosed, Source, SourceClosed
+from lumio_ingestd.sources.interfaces import FrameSink
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamelements.protocol import (
     CONFIG_ERRORS,
@@ -63,7 +64,6 @@ from lumio_ingestd.sources.streamelements.protocol import (
     RATE_LIMITED,
     RETRY_ERRORS,
     STORED_TOPICS,
-    BadFrame,
     Frame,
     Token,
     map_message,
@@ -75,14 +75,7 @@ from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
 
 log = logging.getLogger("lumio_ingestd.sources.streamelements.source")
 
-MAX_FRAMES_PER_TURN = 256
 
-
-class AstroClosed(SourceClosed):
-    def __init__(self, code: int | None, reason: str) -> None:
-        super().__init__(f"closed by StreamElements with code {code}: {reason}" if code is not None
-                         else f"connection lost: {reason}")
-        self.code = code
 
 
 class UpgradeRefused(Exception):
@@ -152,11 +145,12 @@ class StreamElementsSource(Source):
                  config_retry_secs: float = 300.0, retry_min_secs: float = 1.0,
                  retry_max_secs: float = 60.0, rate_limit_secs: float = 10.0,
                  drain_quiet_secs: float = 0.25, drain_max_secs: float = 2.0,
-                 read_budget_secs: float = 0.5, recent_ids: int = 10_000) -> None:
+                 read_budget_secs: float = 0.5, recent_ids: int = 10_000,
+                 frames: FrameSink | None = None) -> None:
         if not account.streamelements_channel_id or account.streamelements_token_file is None:
             raise ValueError(f"account {account.account_id} has no streamelements_channel_id "
                              "and streamelements_token_file")
-        super().__init__(f"source-streamelements-{account.account_id}", metrics)
+        super().__init__(f"source-streamelements-{account.account_id}", metrics, frames=frames)
         self.account_id = account.account_id
         self.room = account.streamelements_channel_id
         self.url = se.astro_url
@@ -182,7 +176,6 @@ class StreamElementsSource(Source):
         self._conn: WsConnection | None = None
         self._opening: WsConnection | None = None
         self._token: Token | None = None
-        self._forced_backoff: float | None = None
         self._rng_retry = random.Random()
         self.client_id: str | None = None
         self.handoffs = 0
@@ -236,7 +229,7 @@ class StreamElementsSource(Source):
                     return
         except WsClosed as exc:
             self._count_close(exc.code)
-            raise AstroClosed(exc.code, exc.reason) from None
+            raise PeerClosed(exc.code, exc.reason, peer="StreamElements") from None
 
     def idle(self) -> None:
         if self._conn is None or not self.connected:
@@ -271,9 +264,6 @@ class StreamElementsSource(Source):
                 conn.close()
         self._conn = self._opening = None
 
-    def next_backoff(self) -> float:
-        forced, self._forced_backoff = self._forced_backoff, None
-        return forced if forced is not None else super().next_backoff()
 
     # -- connecting ------------------------------------------------------------------------------
 
@@ -295,7 +285,7 @@ class StreamElementsSource(Source):
                     data = conn.recv(left)
                 except WsClosed as exc:
                     self._count_close(exc.code)
-                    raise AstroClosed(exc.code, exc.reason) from None
+                    raise PeerClosed(exc.code, exc.reason, peer="StreamElements") from None
                 if data is None:
                     if conn.woken:
                         raise SourceClosed("stopping")
@@ -329,8 +319,8 @@ class StreamElementsSource(Source):
         self.metrics.streamelements_upgrade_refused.labels(label).inc()
         if status == 429:
             # Honour the server's wait, but never hammer it sooner than our own backoff.
-            self._forced_backoff = max(retry_after if retry_after is not None else self._rate_limit,
-                                       self.reconnect_min_secs)
+            self.force_backoff(max(retry_after if retry_after is not None else self._rate_limit,
+                                   self.reconnect_min_secs))
         return UpgradeRefused(status, retry_after)
 
     def _count_close(self, code: int | None) -> None:

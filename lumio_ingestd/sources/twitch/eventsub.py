@@ -38,22 +38,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.recent import RecentIds
-from lumio_ingestd.sources.base import SourceClosed
-from lumio_ingestd.sources.twitch.mapping import PLATFORM, BadFrame, Envelope, Notification, interpret
+from lumio_ingestd.sources.base import MAX_FRAMES_PER_TURN, BadFrame, PeerClosed, SourceClosed
+from lumio_ingestd.sources.twitch.mapping import PLATFORM, Envelope, Notification, interpret
 from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
 
 log = logging.getLogger("lumio_ingestd.sources.twitch.eventsub")
 
-MAX_FRAMES_PER_TURN = 256
 
-
-class EventSubClosed(SourceClosed):
-    """The peer closed the connection; `code` is its close code (None without a close frame)."""
-
-    def __init__(self, code: int | None, reason: str) -> None:
-        super().__init__(f"closed by Twitch with code {code}: {reason}" if code is not None
-                         else f"connection lost: {reason}")
-        self.code = code
 
 
 class KeepaliveTimeout(SourceClosed):
@@ -139,7 +130,7 @@ class EventSubClient:
                 try:
                     data = conn.recv(left)
                 except WsClosed as exc:
-                    raise EventSubClosed(exc.code, exc.reason) from None
+                    raise PeerClosed(exc.code, exc.reason, peer="Twitch") from None
                 if data is not None:
                     self._dispatch(data, conn)
                 elif conn.woken:
@@ -231,7 +222,7 @@ class EventSubClient:
                 # (after the subscribe calls, or a slow turn), and they count.
                 data = conn.recv(max(wait, 0.001))
             except WsClosed as exc:
-                raise EventSubClosed(exc.code, exc.reason) from None
+                raise PeerClosed(exc.code, exc.reason, peer="Twitch") from None
             if data is None and conn.woken:
                 return  # a graceful stop: nothing more to read without waiting
             if data is not None:

@@ -53,6 +53,7 @@ from lumio_ingestd.model import (
     parse_time,
     slot_setters,
 )
+from lumio_ingestd.sources.base import BadFrame
 
 PLATFORM = "twitch"
 MAX_FRAME_BYTES = 512 * 1024
@@ -111,13 +112,6 @@ _CHAT_EXTRAS = ("message_type", "color", "badges", "cheer", "reply", "channel_po
 _EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 _FUTURE_SLACK = timedelta(days=1)
 
-
-class BadFrame(ValueError):
-    """A frame that cannot be used; `reason` is a short label, the message says why."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)

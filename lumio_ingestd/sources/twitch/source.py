@@ -49,9 +49,9 @@ from collections.abc import Sequence
 from lumio_ingestd.config import AccountConfig, TwitchConfig
 from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.sources.base import Source, SourceClosed
-from lumio_ingestd.sources.interfaces import ChatQueueLike
-from lumio_ingestd.sources.twitch.eventsub import EventSubClient, EventSubClosed, KeepaliveTimeout
+from lumio_ingestd.sources.base import BadFrame, PeerClosed, Source, SourceClosed
+from lumio_ingestd.sources.interfaces import ChatQueueLike, FrameSink
+from lumio_ingestd.sources.twitch.eventsub import EventSubClient, KeepaliveTimeout
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.helix import (
     SUBSCRIPTIONS,
@@ -62,7 +62,6 @@ from lumio_ingestd.sources.twitch.helix import (
 )
 from lumio_ingestd.sources.twitch.mapping import (
     PLATFORM,
-    BadFrame,
     Envelope,
     Notification,
     channel_of,
@@ -102,10 +101,10 @@ class TwitchSource(Source):
                  subscriptions: Sequence[Subscription] = SUBSCRIPTIONS,
                  subscribe_window_secs: float = SUBSCRIBE_WINDOW_SECS,
                  gift_window_secs: float = GIFT_WINDOW_SECS, connect_timeout_secs: float = 10.0,
-                 read_budget_secs: float = 0.5) -> None:
+                 read_budget_secs: float = 0.5, frames: FrameSink | None = None) -> None:
         if account.twitch_user_id is None:
             raise ValueError(f"account {account.account_id} has no twitch_user_id")
-        super().__init__(f"source-twitch-{account.account_id}", metrics)
+        super().__init__(f"source-twitch-{account.account_id}", metrics, frames=frames)
         self.account_id = account.account_id
         self.broadcaster_id = account.twitch_user_id
         self._queue = chat_queue
@@ -123,7 +122,6 @@ class TwitchSource(Source):
         self.active: set[str] = set()  # subscription types enabled on the current session
         self._types = frozenset(sub.type for sub in self._subscriptions)
         self._refused_log = Throttled(log)
-        self._forced_backoff: float | None = None
         self._next_validate_check = 0.0
 
     # -- Source --------------------------------------------------------------------------
@@ -150,7 +148,7 @@ class TwitchSource(Source):
         try:
             self.client.read(self._read_budget)
         except SourceClosed as exc:
-            if isinstance(exc, EventSubClosed):
+            if isinstance(exc, PeerClosed):
                 self._closed_with(exc.code)
             elif isinstance(exc, KeepaliveTimeout):
                 self.metrics.source_closes.labels(PLATFORM, "keepalive").inc()
@@ -204,10 +202,6 @@ class TwitchSource(Source):
         if self._sink.sessions is not None:
             self._sink.sessions.drop_pending()
         log.info("%s: released (%s)", self.name, counts)
-
-    def next_backoff(self) -> float:
-        forced, self._forced_backoff = self._forced_backoff, None
-        return forced if forced is not None else super().next_backoff()
 
     # -- subscriptions --------------------------------------------------------------------
 
@@ -309,4 +303,4 @@ class TwitchSource(Source):
         log.log(level, "%s: closed with %d: %s; reconnecting to the base URL and subscribing again",
                 self.name, code, meaning)
         if code == 4001:
-            self._forced_backoff = self.reconnect_max_secs
+            self.force_backoff(self.reconnect_max_secs)

@@ -47,12 +47,12 @@ from lumio_ingestd.config import Secret
 from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage
+from lumio_ingestd.sources.base import BadFrame
 from lumio_ingestd.sources.interfaces import FrameSink, SeenIds
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.helix import SUBSCRIPTIONS
 from lumio_ingestd.sources.twitch.mapping import (
     PLATFORM,
-    BadFrame,
     channel_of,
     decode_checked,
     decode_json,
@@ -88,7 +88,8 @@ class TwitchWebhook:
                  chat: Callable[[ChatMessage], str], seen: SeenIds,
                  metrics: Metrics, *, gift_wait_secs: float = GIFT_WAIT_SECS,
                  max_age_secs: float = MAX_AGE_SECS, types: Iterable[str] | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 frames: FrameSink | None = None) -> None:
         self._secret = secret
         self._accounts = dict(accounts)
         self._sink = sink
@@ -102,8 +103,8 @@ class TwitchWebhook:
         self._gifts: dict[int, GiftLinker] = {}
         self._types = frozenset(types if types is not None else (s.type for s in SUBSCRIPTIONS))
         self._refused_log = Throttled(log)
-        #: Where refused bodies go with their raw bytes (B17); set by the composition root.
-        self.frame_quarantine: FrameSink | None = None
+        #: Where refused bodies go with their raw bytes.
+        self.frame_quarantine = frames
 
     def handle(self, request: Request) -> Response:
         response, result = self._handle(request)
