@@ -60,3 +60,9 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# The generated blocks of docs/ (configuration keys, metrics), rewritten from the code.
+.PHONY: docs
+docs: $(STAMP)
+	PYTHONPATH=. $(BIN)/python tools/config_docs.py
+	PYTHONPATH=. $(BIN)/python tools/metrics_docs.py

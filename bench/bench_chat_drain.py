@@ -24,7 +24,7 @@ from _paths import DURABLE_PG, ROOT  # noqa: E402 - first: it sets up sys.path
 
 from chat_support import make_messages, make_rig  # noqa: E402
 from harness import PostgresServer, RedisServer  # noqa: E402
-from lumio_ingestd import rediskeys  # noqa: E402
+from lumio_ingestd.stores import rediskeys  # noqa: E402
 
 
 def run(messages: int = 100_000, accounts: int = 100) -> dict[str, Any]:

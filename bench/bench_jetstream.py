@@ -32,7 +32,7 @@ from fakes.jetstream import FakeEvent, FakeJetstream, commit  # noqa: E402
 from harness import PostgresServer  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
 from lumio_ingestd.db.pool import Pool  # noqa: E402
-from lumio_ingestd.jetstream import store  # noqa: E402
+from lumio_ingestd.stores import jetstream as store  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.sources.jetstream.protocol import Commit, decode  # noqa: E402
 from lumio_ingestd.sources.jetstream.source import JetstreamSource  # noqa: E402

@@ -36,8 +36,8 @@ from fakes.twitch import FakeSession, FakeTwitch  # noqa: E402
 from harness import PostgresServer, RedisServer  # noqa: E402
 from harness.servers import wait_until  # noqa: E402
 from http_client import serving  # noqa: E402
-from lumio_ingestd.model import PlatformEvent  # noqa: E402
 from lumio_ingestd.events.alerts import STREAM_PATH, stream_handler  # noqa: E402
+from lumio_ingestd.model import PlatformEvent  # noqa: E402
 from lumio_ingestd.web.server import Routes  # noqa: E402
 from twitch_support import EMIT_TOKEN, TwitchRig, make_rig  # noqa: E402
 

@@ -44,7 +44,7 @@ from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, raw_copy, truncate  # noqa: E402
 from standin_server import StandinProcess  # noqa: E402
 
-from lumio_ingestd import gcpolicy  # noqa: E402
+from lumio_ingestd.runtime import gcpolicy  # noqa: E402
 from lumio_ingestd.chat.flusher import flush_threads  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.config import Config, TimescaleConfig, load  # noqa: E402
@@ -55,7 +55,8 @@ from lumio_ingestd.devkit.standins.twitch import TwitchStandin  # noqa: E402
 from lumio_ingestd.events.persist import EventIngest  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.model import CHAT_COLUMNS, ChatMessage  # noqa: E402
-from lumio_ingestd.sources.twitch import build_twitch  # noqa: E402
+from lumio_ingestd.sources import SourceDeps  # noqa: E402
+from lumio_ingestd.sources.twitch import build as build_twitch  # noqa: E402
 from lumio_ingestd.sources.twitch.mapping import interpret  # noqa: E402
 from lumio_ingestd.sources.ws import _FrameReader  # noqa: E402
 from lumio_ingestd.stores.redisclient import connect  # noqa: E402
@@ -96,9 +97,9 @@ def write_config(tmp: Path, pg: PostgresServer, rds: RedisServer, standin: dict[
 
 
 class Pipeline:
-    """Chat from Twitch sockets to committed rows, made as `app.build` makes it.
+    """Chat from Twitch sockets to committed rows, made as `runtime.build` makes it.
 
-    `build_twitch` gives one `TwitchSource` per account of this config's
+    `twitch.build` gives one `TwitchSource` per account of this config's
     shard, each with a `ChatQueue` of its own over the one `ChatIngest`; the
     `flush_threads` cover the shard's accounts. No spool (the servers stay up),
     no alerts. Nothing runs until `start()`.
@@ -110,10 +111,11 @@ class Pipeline:
         self.client = client = connect(cfg.redis)
         chat = ChatIngest(client, pool, None, metrics, cfg)
         events = EventIngest(client, pool, None, metrics, cfg)
-        twitch = build_twitch(cfg, metrics, sessions=StreamSessions(pool, metrics),
-                              seen=SeenDeliveries(client, "twitch"),
-                              chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
-                              persist_event=events.persist_event, alerts=None)
+        seen = SeenDeliveries(client, "twitch")
+        twitch = build_twitch(cfg, SourceDeps(
+            metrics=metrics, chat_queue=lambda name: ChatQueue(chat, metrics),
+            persist_chat=chat.buffer_or_persist, persist_event=events.persist_event, alerts=None,
+            sessions=StreamSessions(pool, metrics), seen=lambda platform: seen))
         self.sources = twitch.sources
         self.flushers = flush_threads(client, pool, metrics, cfg)
         self.broadcasters = [a.twitch_user_id for a in cfg.accounts

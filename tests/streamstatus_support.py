@@ -30,7 +30,9 @@ from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.apptoken import AppToken
 from lumio_ingestd.sources.httpclient import join
 from lumio_ingestd.sources.sink import EventSink
-from lumio_ingestd.sources.streamstatus import HelixStreams, StatusClient, StreamStatusPoller
+from lumio_ingestd.sources.statusclient import StatusClient
+from lumio_ingestd.sources.streamstatus import StreamStatusPoller
+from lumio_ingestd.sources.twitch.streams import HelixStreams
 from lumio_ingestd.stores.redisclient import connect
 from lumio_ingestd.stores.sessions import StreamSessions
 from lumio_ingestd.stores.spool import Spool

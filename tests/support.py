@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from lumio_ingestd.config import Config, load
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources import SourceDeps
+from lumio_ingestd.stores.seen import SeenDeliveries
+from lumio_ingestd.worker import Worker
 
 
 def dbname_of(pg_dsn: str) -> str:
@@ -37,3 +42,25 @@ def make_config(tmp_path: Path, *, pg_url: str = "postgresql://lumio@127.0.0.1:1
         merged.setdefault(section, {}).update(keys)
     path = write_ini(tmp_path / "ingestd.ini", merged)
     return load(str(path), environ or {})
+
+
+def source_deps(**given: Any) -> SourceDeps:
+    """A `SourceDeps` for building sources without the runtime: what a test does not give is
+    absent (None), or a function that fails the test when a build calls it."""
+
+    def unused(what: str) -> Callable[..., Any]:
+        def called(*args: object, **kwargs: object) -> Any:
+            raise AssertionError(f"the build used {what}")
+        return called
+
+    defaults: dict[str, Any] = {
+        "metrics": Metrics(), "chat_queue": lambda name: None, "persist_chat": unused("persist_chat"),
+        "persist_event": unused("persist_event"), "alerts": None, "sessions": None,
+        "seen": lambda platform: SeenDeliveries(None, platform)}
+    return SourceDeps(**{**defaults, **given})
+
+
+def only(workers: Sequence[Worker]) -> Any:
+    """The one worker a build made, or None when it made none."""
+    assert len(workers) <= 1, workers
+    return workers[0] if workers else None

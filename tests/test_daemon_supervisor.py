@@ -27,7 +27,8 @@ from harness.servers import wait_until
 from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.runtime import gcpolicy
-from lumio_ingestd.runtime.app import App, Parts, Role, RunResult, Supervisor
+from lumio_ingestd.runtime.app import App, Role, RunResult, Supervisor
+from lumio_ingestd.runtime.build import Parts
 from lumio_ingestd.runtime.sdnotify import Notifier, watchdog_interval
 from lumio_ingestd.runtime.shutdown import Shutdown, Stage
 from lumio_ingestd.runtime.signals import SignalQueue
@@ -542,7 +543,7 @@ def test_the_gc_policy_runs_once_after_the_build_before_any_worker_starts(tmp_pa
 
 def test_the_gc_policy_freezes_the_start_up_objects_and_raises_the_gen0_threshold() -> None:
     # In a process of its own: the policy is process-wide.
-    code = ("import gc; from lumio_ingestd import gcpolicy; gcpolicy.apply(); "
+    code = ("import gc; from lumio_ingestd.runtime import gcpolicy; gcpolicy.apply(); "
             "print(gc.get_threshold()[0], gc.get_freeze_count() > 1000, gc.isenabled())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=30).stdout.split()

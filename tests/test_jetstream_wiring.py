@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from lumio_ingestd.config import Config
 from lumio_ingestd.db.pool import Pool
-from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PlatformEvent
-from lumio_ingestd.sources.jetstream.source import build_jetstream, post_alert
+from lumio_ingestd.sources import jetstream
+from lumio_ingestd.sources.jetstream import post_alert
 from lumio_ingestd.stores.jetstream import JetstreamStore
-from support import make_config
+from support import make_config, only, source_deps
 
 ACCOUNTS = {
     "account.1": {"bluesky_did": "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"},
@@ -27,23 +29,28 @@ class Sink:
         self.events.append(ev)
 
 
+def _source(cfg: Config, alerts: Sink | None) -> Any:
+    deps = source_deps(jetstream=JetstreamStore(Pool(cfg.timescale)), alerts=alerts)
+    return only(jetstream.build(cfg, deps).sources)
+
+
 def test_no_source_without_collections_or_without_a_did(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections=dict(ACCOUNTS))
-    assert build_jetstream(cfg, Metrics(), db=JetstreamStore(Pool(cfg.timescale)), alerts=None) is None
+    assert _source(cfg, alerts=None) is None
     cfg = make_config(tmp_path, sections={"jetstream": {"collections": "app.bsky.feed.post"},
                                           "account.3": {"twitch_user_id": "42"}})
-    assert build_jetstream(cfg, Metrics(), db=JetstreamStore(Pool(cfg.timescale)), alerts=None) is None
+    assert _source(cfg, alerts=None) is None
 
 
 def test_one_source_for_the_shards_accounts_with_the_shards_cursor(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections={"jetstream": {"collections": "app.bsky.feed.post"}, **ACCOUNTS})
-    src = build_jetstream(cfg, Metrics(), db=JetstreamStore(Pool(cfg.timescale)), alerts=None)
+    src = _source(cfg, alerts=None)
     assert src is not None and src.cursor_name == "default" and src.name == "source-jetstream"
     assert src.dids == ("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb",
                         "did:plc:dddddddddddddddddddddddd")
     sharded = make_config(tmp_path, sections={"daemon": {"shard": "0/2"},
                                               "jetstream": {"collections": "app.bsky.feed.post"}, **ACCOUNTS})
-    src = build_jetstream(sharded, Metrics(), db=JetstreamStore(Pool(sharded.timescale)), alerts=None)
+    src = _source(sharded, alerts=None)
     assert src is not None and src.cursor_name == "shard-0-of-2"
     assert src.dids == ("did:plc:bbbbbbbbbbbbbbbbbbbbbbbb", "did:plc:dddddddddddddddddddddddd")
 
@@ -51,7 +58,7 @@ def test_one_source_for_the_shards_accounts_with_the_shards_cursor(tmp_path: Pat
 def test_a_post_goes_out_as_a_bluesky_post_event(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections={"jetstream": {"collections": "app.bsky.feed.post"}, **ACCOUNTS})
     sink = Sink()
-    src = build_jetstream(cfg, Metrics(), db=JetstreamStore(Pool(cfg.timescale)), alerts=sink)
+    src = _source(cfg, alerts=sink)
     assert src is not None and src.on_post is not None
     uri = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/3lzz2abcd7k2c"
     payload = {"type": "bluesky.post", "platform": "bluesky", "uri": uri, "time_us": 1_767_640_000_123_456,

@@ -18,11 +18,11 @@ from fakes.kick import FakeKick
 from harness.servers import wait_until
 from lumio_ingestd.config import Secret
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.sources import Built, kick
 from lumio_ingestd.sources.apptoken import AppToken
 from lumio_ingestd.sources.httpclient import request
-from lumio_ingestd.sources.kick import KickParts, build_kick
 from lumio_ingestd.sources.kick.subscriptions import EVENTS, KickSubscriptions
-from support import make_config
+from support import make_config, only, source_deps
 
 
 @pytest.fixture
@@ -96,26 +96,25 @@ def test_build_kick_runs_the_manager_only_when_asked_and_on_shard_0(tmp_path: Pa
         "account.1": {"kick_broadcaster_user_id": "100", "kick_chatroom_id": "7"},
         "account.2": {"kick_broadcaster_user_id": "200"}}
 
-    def parts(**sections: dict[str, object]) -> KickParts:
+    def parts(**sections: dict[str, object]) -> Built:
         merged = {k: dict(v) for k, v in base.items()}
         for k, v in sections.items():
             merged.setdefault(k, {}).update(v)
         d = tmp_path / f"c{len(list(tmp_path.iterdir()))}"
         d.mkdir()
         cfg = make_config(d, sections=merged)
-        return build_kick(cfg, Metrics(), sessions=None, seen=None,  # type: ignore[arg-type]
-                          chat_queue=lambda name: None,  # type: ignore[arg-type,return-value]
-                          chat=lambda m: "buffered", persist_event=lambda e: None,  # type: ignore[arg-type,return-value]
-                          alerts=None)
+        return kick.build(cfg, source_deps(persist_chat=lambda m: "buffered"))
 
     off = parts()
-    assert off.subscriptions is None and len(off.sources) == 1 and off.webhook is not None
+    assert off.leader_timers == [] and len(off.sources) == 1 and [r[:2] for r in off.routes] == [
+        ("POST", "/webhooks/kick")]
     on = parts(kick={"manage_webhooks": "true"})
-    assert on.subscriptions is not None and on.subscriptions.broadcasters == {"100", "200"}
+    manager = only(on.leader_timers)
+    assert isinstance(manager, KickSubscriptions) and manager.broadcasters == {"100", "200"}
     shard1 = parts(kick={"manage_webhooks": "true"}, daemon={"shard": "1/2"})
-    assert shard1.subscriptions is None and len(shard1.sources) == 1
+    assert shard1.leader_timers == [] and len(shard1.sources) == 1
     shard0 = parts(kick={"manage_webhooks": "true"}, daemon={"shard": "0/2"})
-    assert shard0.subscriptions is not None and shard0.sources == []
+    assert only(shard0.leader_timers) is not None and shard0.sources == []
 
 
 def test_the_stand_ins_livestreams_endpoint_follows_set_live_and_set_offline(fake: FakeKick) -> None:

@@ -10,7 +10,7 @@ import pytest
 from lumio_ingestd import exitcodes
 from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.runtime.app import Parts, StartupError, build
+from lumio_ingestd.runtime.build import Parts, StartupError, build
 from lumio_ingestd.sources.kick import KickSource
 from support import make_config
 

@@ -32,7 +32,7 @@ from lumio_ingestd.chat.lists import ChatLists, ClaimLost
 from lumio_ingestd.cluster.instances import PROCESS_TOKEN, InstanceClaim
 from lumio_ingestd.events.deadletter import DeadLetters
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.runtime.app import StartupError, _claim_instance, build
+from lumio_ingestd.runtime.build import StartupError, _claim_instance, build
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.refused_frames import FrameQuarantine
 from lumio_ingestd.stores.spool import Spool

@@ -31,7 +31,8 @@ from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage, PlatformEvent
-from lumio_ingestd.runtime.app import App, Parts
+from lumio_ingestd.runtime.app import App
+from lumio_ingestd.runtime.build import Parts
 from lumio_ingestd.runtime.localstate import read_snapshot, snapshot_path
 from lumio_ingestd.sources.base import Source, SourceClosed
 from lumio_ingestd.stores import rediskeys

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PersistResult, PlatformEvent
-from lumio_ingestd.sources.seventv import build_seventv, followed_accounts
+from lumio_ingestd.sources import seventv
+from lumio_ingestd.sources.seventv import followed_accounts
 from lumio_ingestd.sources.seventv.protocol import SetState
-from support import make_config
+from support import make_config, only, source_deps
 
 ACCOUNTS = {
     "account.1": {"twitch_user_id": "101"},
@@ -33,15 +33,15 @@ def persist(ev: PlatformEvent) -> PersistResult:
 
 def test_no_source_unless_enabled_and_an_account_to_follow(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections=dict(ACCOUNTS))
-    assert build_seventv(cfg, Metrics(), store=NoStore(), persist_event=persist, alerts=None) is None
+    assert only(seventv.build(cfg, source_deps(set_states=NoStore(), persist_event=persist)).sources) is None
     cfg = make_config(tmp_path, sections={"seventv": {"enabled": "true"},
                                           "account.3": {"bluesky_did": "did:plc:cccccccccccccccccccccccc"}})
-    assert build_seventv(cfg, Metrics(), store=NoStore(), persist_event=persist, alerts=None) is None
+    assert only(seventv.build(cfg, source_deps(set_states=NoStore(), persist_event=persist)).sources) is None
 
 
 def test_the_shards_accounts_with_their_ids(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections={"seventv": {"enabled": "true"}, **ACCOUNTS})
-    src = build_seventv(cfg, Metrics(), store=NoStore(), persist_event=persist, alerts=None)
+    src = only(seventv.build(cfg, source_deps(set_states=NoStore(), persist_event=persist)).sources)
     assert src is not None and src.name == "source-seventv"
     assert src.url == "wss://events.7tv.io/v3" and src.api_url == "https://7tv.io/v3"
     got = {(f.account_id, f.twitch_user_id, f.user_id, f.pinned_set, f.cost) for f in src.accounts}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
+from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.runtime.app import build
-from lumio_ingestd.sources.streamelements import StreamElementsSource, build_streamelements
-from support import make_config
+from lumio_ingestd.runtime.build import build
+from lumio_ingestd.sources import streamelements
+from lumio_ingestd.sources.streamelements import StreamElementsSource
+from support import make_config, source_deps
 
 
 def _accounts(tmp_path: Path) -> dict[str, dict[str, object]]:
@@ -29,15 +32,20 @@ def _persist(ev: object) -> object:
     raise AssertionError("nothing is persisted while building")
 
 
+def _sources(cfg: Config) -> list[StreamElementsSource]:
+    built = streamelements.build(cfg, source_deps(persist_event=_persist))
+    return cast(list[StreamElementsSource], built.sources)
+
+
 def test_one_source_per_account_of_the_shard_with_a_channel_and_a_token(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, sections=_accounts(tmp_path))
-    sources = build_streamelements(cfg, Metrics(), persist_event=_persist, alerts=None)  # type: ignore[arg-type]
+    sources = _sources(cfg)
     assert [s.name for s in sources] == ["source-streamelements-1", "source-streamelements-2",
                                          "source-streamelements-4"]
     assert sources[0].room == "5f0000000000000000000001" and not sources[0].keep_pii
     assert sorted(sources[0].topics) == ["channel.activities", "channel.tips"]
     sharded = make_config(tmp_path, sections={"daemon": {"shard": "0/2"}, **_accounts(tmp_path)})
-    sources = build_streamelements(sharded, Metrics(), persist_event=_persist, alerts=None)  # type: ignore[arg-type]
+    sources = _sources(sharded)
     assert [s.name for s in sources] == ["source-streamelements-2", "source-streamelements-4"]
 
 

@@ -326,9 +326,8 @@ class _NoStats:
 
 
 def test_the_poller_covers_the_accounts_of_this_shard_on_configured_platforms(tmp_path: Path) -> None:
-    from lumio_ingestd.metrics import Metrics
-    from lumio_ingestd.sources.streamstatus import build_stream_status
-    from support import make_config
+    from lumio_ingestd.sources import streamstatus
+    from support import make_config, only, source_deps
 
     secret = tmp_path / "secret"
     secret.write_text("s3cret-value\n")
@@ -340,24 +339,24 @@ def test_the_poller_covers_the_accounts_of_this_shard_on_configured_platforms(tm
            for n in range(1, 7)},
     }
     cfg = make_config(tmp_path, sections=sections)
-    sink = EventSink(_never, alerts=None, sessions=None)
     stats = _NoStats()  # the poller is only built here, never run
-    poller = build_stream_status(cfg, Metrics(), sink=sink, stats=stats, sessions=None)
+    poller = only(streamstatus.build(cfg, source_deps(persist_event=_never, stats=stats)).timers)
     assert poller is not None and poller.platforms == ["twitch", "kick"]
     assert [sorted(p.accounts.values()) for p in poller._platforms] == [[1, 3, 5], [1, 3, 5]]
 
     only_twitch = make_config(tmp_path, sections={**sections, "streamstatus": {"platforms": "twitch"}})
-    poller = build_stream_status(only_twitch, Metrics(), sink=sink, stats=stats, sessions=None)
+    poller = only(streamstatus.build(only_twitch, source_deps(persist_event=_never, stats=stats)).timers)
     assert poller is not None and poller.platforms == ["twitch"]
     unconfigured = make_config(tmp_path, sections={"account.1": {"twitch_user_id": "101"}})
-    assert build_stream_status(unconfigured, Metrics(), sink=sink, stats=stats, sessions=None) is None
+    deps = source_deps(persist_event=_never, stats=stats)
+    assert only(streamstatus.build(unconfigured, deps).timers) is None
 
 
 def test_kick_livestreams_answers_are_read_as_documented() -> None:
     from lumio_ingestd.config import Secret
     from lumio_ingestd.metrics import Metrics
     from lumio_ingestd.sources.apptoken import AppToken
-    from lumio_ingestd.sources.streamstatus import KickLivestreams, kick_stream_key
+    from lumio_ingestd.sources.kick.livestreams import KickLivestreams, kick_stream_key
 
     client = KickLivestreams("http://127.0.0.1:9/public/v1", "kc",
                              AppToken("http://127.0.0.1:9/oauth/token", "kc", Secret("x")),

@@ -25,8 +25,8 @@ from lumio_ingestd.devkit.standins.kick import KickStandin
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.apptoken import AppToken
 from lumio_ingestd.sources.httpclient import join
+from lumio_ingestd.sources.kick.livestreams import KickLivestreams, kick_stream_key
 from lumio_ingestd.sources.kick.mapping import map_webhook, stream_key
-from lumio_ingestd.sources.streamstatus import KickLivestreams, kick_stream_key
 from streamstatus_support import StatusRig, helix_client, make_status_rig
 from support import dbname_of
 

@@ -36,7 +36,7 @@ from kick_support import make_rig as make_kick_rig
 from lumio_ingestd.devkit.standins.seventv import SevenTvStandin
 from lumio_ingestd.devkit.standins.streamelements import AstroStandin, tip_doc
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.runtime.app import build
+from lumio_ingestd.runtime.build import build
 from lumio_ingestd.sources.base import Source
 from lumio_ingestd.sources.kick import KickSource
 from lumio_ingestd.sources.seventv import SevenTvSource

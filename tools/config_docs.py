@@ -1,7 +1,8 @@
-"""Render the configuration reference of README.rst from `config.SCHEMA`.
+"""Render the configuration reference of docs/configuration.rst from `config.SCHEMA`.
 
-`python tools/config_docs.py` rewrites the block between the CONFIG-KEYS
-markers of README.rst; `tests/test_docs.py` fails when the two drift apart.
+`make docs` (or `python tools/config_docs.py`) rewrites the block between the
+CONFIG-KEYS markers of docs/configuration.rst; `tests/test_docs.py` fails
+when the two drift apart.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from pathlib import Path
 
 from lumio_ingestd.config import SCHEMA, SECTION_HELP
 
-README = Path(__file__).resolve().parent.parent / "README.rst"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.rst"
+DOCS = ROOT / "docs"
+CONFIGURATION = DOCS / "configuration.rst"
 START = ".. CONFIG-KEYS-START\n"
 END = ".. CONFIG-KEYS-END\n"
 
@@ -36,5 +40,5 @@ def rewrite(text: str) -> str:
 
 
 if __name__ == "__main__":
-    README.write_text(rewrite(README.read_text()))
+    CONFIGURATION.write_text(rewrite(CONFIGURATION.read_text()))
     sys.exit(0)

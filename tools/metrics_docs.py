@@ -1,18 +1,20 @@
-"""Render the metrics reference of README.rst from `lumio_ingestd.metrics.Metrics`.
+"""Render the metrics reference of docs/operating.rst from `lumio_ingestd.metrics.Metrics`.
 
-`PYTHONPATH=. python tools/metrics_docs.py` rewrites the block between the METRICS markers
-of README.rst; `tests/test_docs.py` fails when the two drift apart.
+`make docs` (or `PYTHONPATH=. python tools/metrics_docs.py`) rewrites the
+block between the METRICS markers of docs/operating.rst; `tests/test_docs.py`
+fails when the two drift apart.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from prometheus_client.metrics import MetricWrapperBase
 
 from lumio_ingestd.metrics import Metrics
-from tools.config_docs import README
 
+OPERATING = Path(__file__).resolve().parent.parent / "docs" / "operating.rst"
 START = ".. METRICS-START\n"
 END = ".. METRICS-END\n"
 
@@ -43,5 +45,5 @@ def rewrite(text: str) -> str:
 
 
 if __name__ == "__main__":
-    README.write_text(rewrite(README.read_text()))
+    OPERATING.write_text(rewrite(OPERATING.read_text()))
     sys.exit(0)

@@ -1,13 +1,11 @@
-"""The composition root and the supervisor: `lumio-ingestd run`.
+"""The supervisor: `lumio-ingestd run`, the daemon's main loop.
 
-`build()` is the one place where the daemon's parts are made and wired: the
-spool, the Redis client and the database pool, chat and event ingest, the
-sources, the timer workers, the chat flush threads and the HTTP routes. `App` runs
-them: it installs the signal queue, builds, binds the HTTP and metrics
-listeners, starts every worker, tells systemd READY=1, and then the main
-thread supervises. It restarts a worker whose thread died (with backoff),
-re-reads the configuration on SIGHUP, refreshes the STATUS line, and on
-SIGTERM or SIGINT runs the shutdown chain of seed 000:
+`App` runs what `runtime/build.py` (the composition root) makes: it installs
+the signal queue, builds, binds the HTTP and metrics listeners, starts every
+worker, tells systemd READY=1, and then the main thread supervises. It
+restarts a worker whose thread died (with backoff), re-reads the configuration
+on SIGHUP, refreshes the STATUS line, and on SIGTERM or SIGINT runs the
+shutdown chain (docs/architecture.rst, "Shutdown"):
 
 1. the HTTP server stops accepting; requests in flight get 5 s; then the open
    streams are closed;
@@ -24,7 +22,7 @@ next process. READY=1 does not wait for Redis or the database: a database
 outage at boot must not become a restart loop; it shows in STATUS and /readyz.
 
 What is durable when `App.run()` returns: everything the workers' `final()`
-steps handed over (see chat/, events/, spool.py); nothing is held here.
+steps handed over (see chat/, events/, stores/spool.py); nothing is held here.
 """
 
 from __future__ import annotations
@@ -35,39 +33,31 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from lumio_ingestd import exitcodes
-from lumio_ingestd.cluster.lease import Lease, LeaseGated
-from lumio_ingestd.cluster.membership import Membership
+from lumio_ingestd.cluster.lease import Lease
 from lumio_ingestd.config import Config, ConfigError, redacted_lines
 from lumio_ingestd.logs import set_level
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.runtime.health import HealthProbe, ReadinessProbe, Watchdog
+from lumio_ingestd.runtime.build import Builder, Parts, StartupError, build
+from lumio_ingestd.runtime.health import HealthProbe, Watchdog
 from lumio_ingestd.runtime.localstate import LocalState
-from lumio_ingestd.runtime.reconcile import AccountParts, AccountWorkers, Plan, stop_workers
+from lumio_ingestd.runtime.reconcile import Plan, stop_workers
 from lumio_ingestd.runtime.sdnotify import Notifier, watchdog_interval
 from lumio_ingestd.runtime.shutdown import Shutdown, ShutdownReport, Stage
 from lumio_ingestd.runtime.signals import RELOAD_SIGNALS, STOP_SIGNALS, SignalQueue
 from lumio_ingestd.web.metrics_server import MetricsServer
-from lumio_ingestd.web.server import HttpServer, Request, Response, Routes
+from lumio_ingestd.web.server import HttpServer, Request, Response
 from lumio_ingestd.worker import Worker
-
-if TYPE_CHECKING:
-    import redis
 
 log = logging.getLogger("lumio_ingestd.app")
 
-#: Shutdown bounds of seed 000.
+#: The shutdown's bounds (docs/architecture.rst, "Shutdown").
 HTTP_GRACE_SECS = 5.0
 SOURCES_GRACE_SECS = 5.0
 FINAL_FLUSH_SECS = 3.0
-#: `shard = auto`: the lease of the Kick subscriptions worker (a dead holder's lapses within it).
-KICK_LEASE_TTL_SECS = 30.0
-#: How often the spool is replayed while it holds anything.
-SPOOL_REPLAY_INTERVAL_SECS = 5.0
 #: Keys SIGHUP applies at once (and every account key); every other change waits for a restart.
 LIVE_KEYS = frozenset({"daemon.log_level", "daemon.accounts_dir"})
 
@@ -76,238 +66,12 @@ _STATUS_EVERY_SECS = 2.0
 _SUPERVISOR_STALE_SECS = 10.0
 
 
-class StartupError(Exception):
-    """The daemon cannot start (a port taken, the spool unusable); `code` is the exit code."""
-
-    def __init__(self, message: str, code: int = exitcodes.UNAVAILABLE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class Role(enum.Enum):
     SOURCE = "source"  # holds data in memory; 5 s to hand it over
     TIMER = "timer"  # cancelled with the sources, not waited for by the flush
     FLUSH = "flush"  # cancelled last
     HTTP = "http"  # the accept loop
     RUNTIME = "runtime"  # the watchdog and the health probe
-
-
-@dataclass
-class Parts:
-    """What `build()` made: the workers by role, the routes, what to close at the end."""
-
-    sources: list[Worker] = field(default_factory=list)
-    timers: list[Worker] = field(default_factory=list)
-    flushers: list[Worker] = field(default_factory=list)
-    routes: Routes = field(default_factory=Routes)
-    probe: ReadinessProbe | None = None
-    #: The account-dependent workers and routes, which SIGHUP reconciles (reconcile.py).
-    accounts: AccountWorkers | None = None
-    #: `shard = auto` only: the live replicas and the accounts this one runs.
-    membership: Membership | None = None
-    #: Closed in this order after the shutdown stages, each with its name for the log.
-    closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
-
-
-Builder = Callable[[Config, Metrics], Parts]
-
-
-# --------------------------------------------------------------------------- composition
-
-
-def _claim_instance(cfg: Config, client: redis.Redis) -> None:
-    """Refuse to start while another live process runs with the same instance id.
-
-    Two such processes would share every in-flight key; the claim tokens keep
-    them from deleting each other's batches, and this keeps the second one from
-    running at all. Redis unreachable: started all the same (the chat workers
-    take the claim on their first heartbeat, and leave other tokens' lists alone).
-    """
-    from lumio_ingestd.chat.flusher import default_heartbeat_ttl
-    from lumio_ingestd.cluster.instances import InstanceClaim
-    from lumio_ingestd.stores.redisclient import REDIS_ERRORS
-
-    claim = InstanceClaim(client, cfg.daemon.instance_id, default_heartbeat_ttl(cfg))
-    try:
-        holder = claim.take()
-    except REDIS_ERRORS as exc:
-        log.warning("cannot check whether instance id %r is in use (Redis: %s); starting anyway",
-                    cfg.daemon.instance_id, type(exc).__name__)
-        return
-    if holder is not None:
-        raise StartupError(
-            f"instance id {cfg.daemon.instance_id!r} is in use by another running process "
-            f"({holder}); give each replica its own [daemon] instance_id (or leave it empty for "
-            f"hostname:pid). A crashed process's claim expires within "
-            f"{default_heartbeat_ttl(cfg):.0f}s")
-
-
-def build(cfg: Config, metrics: Metrics) -> Parts:
-    """Make and wire every part of the daemon. Contacts no server (no reachability gate)
-    but for one bounded Redis call: the instance claim (`_claim_instance`)."""
-    # Imported here so that the runtime above stays importable on its own.
-    from lumio_ingestd.chat.deadletter import ChatDeadLetterDrain
-    from lumio_ingestd.chat.flusher import default_heartbeat_ttl, flush_threads
-    from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue, chat_spool_handler
-    from lumio_ingestd.db.pool import Pool
-    from lumio_ingestd.events import EventIngest, EventRetryWorker, event_spool_handler
-    from lumio_ingestd.events.alerts import STREAM_PATH, AlertPublisher, stream_handler
-    from lumio_ingestd.events.held import HeldGifts
-    from lumio_ingestd.events.records import RecordWriters
-    from lumio_ingestd.events.streamstats import KIND as STATS_KIND
-    from lumio_ingestd.events.streamstats import StreamStats, canary_record
-    from lumio_ingestd.lifecycle.backfill import StartupBackfill
-    from lumio_ingestd.lifecycle.retention import RetentionWorker
-    from lumio_ingestd.sources import SourceDeps, build_sources
-    from lumio_ingestd.sources.base import Source
-    from lumio_ingestd.sources.jetstream.source import build_jetstream
-    from lumio_ingestd.sources.kick import build_kick, webhook_key
-    from lumio_ingestd.sources.kick.signature import KeyFormatError
-    from lumio_ingestd.sources.seventv import SevenTvSource, build_seventv
-    from lumio_ingestd.sources.sink import EventSink
-    from lumio_ingestd.sources.streamelements import build_streamelements
-    from lumio_ingestd.sources.streamstatus import build_stream_status
-    from lumio_ingestd.sources.twitch import build_twitch
-    from lumio_ingestd.stores import rediskeys
-    from lumio_ingestd.stores.jetstream import JetstreamStore
-    from lumio_ingestd.stores.redisclient import connect
-    from lumio_ingestd.stores.refused_frames import FrameQuarantine
-    from lumio_ingestd.stores.seen import SeenDeliveries
-    from lumio_ingestd.stores.sessions import StreamSessions
-    from lumio_ingestd.stores.seventv import SetStateStore
-    from lumio_ingestd.stores.spool import Spool, SpoolError, SpoolReplayer
-    from lumio_ingestd.web.emit import MAX_BODY_BYTES as EMIT_MAX_BODY
-    from lumio_ingestd.web.emit import PATH as EMIT_PATH
-    from lumio_ingestd.web.emit import emit_handler
-
-    # Checked before anything is opened: a bad key file is a configuration error.
-    try:
-        kick_key = webhook_key(cfg)
-    except KeyFormatError as exc:
-        raise StartupError(str(exc), exitcodes.CONFIG) from exc
-    parts = Parts()
-    client = connect(cfg.redis)
-    try:
-        _claim_instance(cfg, client)
-    except StartupError:
-        client.close()
-        raise
-    spool = Spool(cfg.daemon.state_dir / "spool", cfg.daemon.spool_max_bytes, metrics)
-    try:
-        spool.open()
-    except SpoolError as exc:
-        client.close()
-        raise StartupError(f"cannot open the spool: {exc}") from exc
-    pool = Pool(cfg.timescale)
-    # Closed last: every part above may still write into them while it stops.
-    parts.closers += [("spool", spool.close), ("database pool", pool.close), ("redis", client.close)]
-
-    chat = ChatIngest(client, pool, spool, metrics, cfg)
-    # Writers of parked records (non-event rows on the events' park/spool path).
-    records = RecordWriters()
-    events = EventIngest(client, pool, spool, metrics, cfg, records=records)
-    stats = StreamStats(pool, events.deadletters, spool, metrics,
-                        timeout_secs=cfg.events.insert_timeout_secs)
-    records.register(STATS_KIND, stats.write_record, canary_record)
-    spool_handlers = {"chat": chat_spool_handler(chat), "event": event_spool_handler(events)}
-
-    def replay(kind: str, entries: list[bytes]) -> None:
-        spool_handlers[kind](kind, entries)
-
-    parts.sources = build_sources(cfg, SourceDeps(
-        metrics=metrics,
-        chat_queue=lambda name: ChatQueue(chat, metrics),
-        persist_event=events.persist_event,
-    ))
-    # Live alerts (issue 6): Redis PUBLISH on its own thread, SSE clients on the HTTP port.
-    alerts = AlertPublisher(client, metrics)
-    sessions = StreamSessions(pool, metrics)
-    twitch_seen = SeenDeliveries(client, "twitch")
-    kick_seen = SeenDeliveries(client, "kick")
-    held = HeldGifts(client, cfg.daemon.instance_id)
-    # Refused frames keep their raw bytes (RELIABILITY.md B17).
-    frames = FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics)
-
-    def account_parts(cfg: Config, metrics: Metrics) -> AccountParts:
-        """Everything made from cfg.accounts; run again on SIGHUP (see reconcile.py)."""
-        out = AccountParts()
-        twitch = build_twitch(cfg, metrics, sessions=sessions, seen=twitch_seen,
-                              chat_queue=lambda name: ChatQueue(chat, metrics),
-                              chat=chat.buffer_or_persist, persist_event=events.persist_event,
-                              alerts=alerts, held=held)
-        out.sources += twitch.sources
-        twitch.add_routes(out.routes)
-        # StreamElements tips and activities (issue 13): one Astro socket per account.
-        out.sources += build_streamelements(cfg, metrics, persist_event=events.persist_event,
-                                            alerts=alerts)
-        # Kick (issue 12): a Pusher source per account of this shard; the webhook route always.
-        kick = build_kick(cfg, metrics, sessions=sessions, seen=kick_seen,
-                          chat_queue=lambda name: ChatQueue(chat, metrics), chat=chat.buffer_or_persist,
-                          persist_event=events.persist_event, alerts=alerts, key=kick_key)
-        out.sources += kick.sources
-        kick.add_routes(out.routes)
-        # Bluesky records (issue 7); posts go out as `bluesky.post` alerts.
-        jetstream = build_jetstream(cfg, metrics, db=JetstreamStore(pool), alerts=alerts)
-        if jetstream is not None:
-            out.sources.append(jetstream)
-        # 7TV emote-set changes (issue 14): EventAPI sockets, healed through the REST API.
-        seventv = build_seventv(cfg, metrics, store=SetStateStore(pool), persist_event=events.persist_event,
-                                alerts=alerts)
-        if seventv is not None:
-            out.sources.append(seventv)
-        for source in out.sources:
-            if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
-                source.frame_quarantine = frames
-        if twitch.webhook is not None:
-            twitch.webhook.frame_quarantine = frames
-        if kick.subscriptions is not None:
-            # With `shard = auto` every replica builds it and a lease picks the one that runs it.
-            out.timers.append(LeaseGated(kick.subscriptions, Lease(
-                client, rediskeys.KICK_SUBSCRIPTIONS_LEADER, KICK_LEASE_TTL_SECS, metrics,
-                owner=cfg.daemon.instance_id), KICK_LEASE_TTL_SECS)
-                if cfg.daemon.shard_auto else kick.subscriptions)
-        # Stream status (issue 15): live status and viewer statistics, a timer whose
-        # final() writes the current minute's window within the shutdown budget.
-        poller = build_stream_status(cfg, metrics, sink=EventSink(events.persist_event, alerts=alerts,
-                                                                  sessions=sessions),
-                                     stats=stats, sessions=sessions)
-        if poller is not None:
-            out.timers.append(poller)
-        return out
-
-    parts.accounts = AccountWorkers(account_parts, metrics)
-    heartbeat_ttl = default_heartbeat_ttl(cfg)
-    if cfg.daemon.shard_auto:
-        # Nothing runs until the membership's first turn hands accounts out.
-        parts.membership = Membership(client, cfg.daemon.instance_id, heartbeat_ttl, metrics)
-        parts.membership.set_accounts(a.account_id for a in cfg.accounts)
-        initial = parts.accounts.initial(replace(cfg, owned=frozenset()))
-    else:
-        initial = parts.accounts.initial(cfg)
-    for source in parts.sources:  # the synthetic source, built above
-        if isinstance(source, Source | SevenTvSource):  # 7TV hands it to the sockets it makes
-            source.frame_quarantine = frames
-    parts.sources += initial.sources
-    parts.accounts.add_routes(parts.routes)
-    parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
-                                                     metrics), max_body_bytes=EMIT_MAX_BODY)
-    parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))
-    parts.flushers = list(flush_threads(
-        client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
-        owns=parts.membership.flushes if parts.membership is not None else None))
-    parts.timers = [
-        ChatDeadLetterDrain(client, pool, metrics, cfg),
-        EventRetryWorker(client, pool, metrics, cfg, records=records),
-        SpoolReplayer(spool, replay, metrics, SPOOL_REPLAY_INTERVAL_SECS),
-        alerts,
-        RetentionWorker(pool, cfg, metrics),
-        StartupBackfill(cfg, metrics),
-    ]
-    parts.timers += initial.timers
-    if parts.membership is not None:
-        parts.timers.append(parts.membership)
-    parts.probe = ReadinessProbe(client, pool, metrics)
-    return parts
 
 
 # --------------------------------------------------------------------------- supervision
@@ -892,4 +656,4 @@ def stragglers() -> list[str]:
     return [t.name for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
 
 
-__all__ = ["App", "Parts", "Role", "RunResult", "StartupError", "Supervisor", "build", "stragglers"]
+__all__ = ["App", "Role", "RunResult", "Supervisor", "stragglers"]

@@ -53,18 +53,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-from urllib.parse import urlencode
 
 from lumio_ingestd.config import Config
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import OpenSession, PlatformEvent, StreamChange, offline_external_id, parse_time
+from lumio_ingestd.model import OpenSession, PlatformEvent, StreamChange, offline_external_id
 from lumio_ingestd.outage import Outage
-from lumio_ingestd.sources.apptoken import AppToken, AppTokenError
-from lumio_ingestd.sources.httpclient import Cancel, HttpResult, HttpUnavailable, join, request
+from lumio_ingestd.sources import Built, SourceDeps
+from lumio_ingestd.sources.apptoken import AppToken
+from lumio_ingestd.sources.httpclient import Cancel, join
 from lumio_ingestd.sources.interfaces import OpenSessions, StatsSink
-from lumio_ingestd.sources.kick.mapping import stream_key
+from lumio_ingestd.sources.kick.livestreams import KickLivestreams
 from lumio_ingestd.sources.sink import TAKEN, EventSink
+from lumio_ingestd.sources.statusclient import LiveStream, PollError, StatusClient
+from lumio_ingestd.sources.twitch.streams import HelixStreams
 from lumio_ingestd.worker import Worker
 
 log = logging.getLogger("lumio_ingestd.sources.streamstatus")
@@ -75,263 +76,6 @@ OFFLINE_POLLS = 2
 #: the platform's status API may lag the socket's stream.online by a minute or two.
 START_GRACE_SECS = 300.0
 JITTER = 0.1
-
-
-class PollError(Exception):
-    """One status request failed; `reason` is a label of `source_status_poll_errors`."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class LiveStream:
-    """One live stream as a status API reported it."""
-
-    user_id: str
-    stream_id: str  # the platform's own id of the stream; for Kick, see KickLivestreams
-    viewers: int
-    title: str | None = None
-    category: str | None = None
-    started_at: datetime | None = None
-    login: str | None = None
-    name: str | None = None
-
-
-@dataclass(slots=True)
-class Answer:
-    """What one status request said: the live streams; the ids it left unsure; refused items."""
-
-    live: dict[str, LiveStream] = field(default_factory=dict)
-    unsure: set[str] = field(default_factory=set)
-    refused: list[str] = field(default_factory=list)
-
-
-
-
-
-
-# --------------------------------------------------------------------------- API clients
-
-
-class StatusClient:
-    """A platform's live-status endpoint: app token, one bounded GET, rate-limit bookkeeping."""
-
-    platform = ""
-    batch = 100
-
-    def __init__(self, api_url: str, client_id: str, token: AppToken, metrics: Metrics, *,
-                 timeout_secs: float, wall: Callable[[], float] = time.time) -> None:
-        self._api_url = api_url
-        self._client_id = client_id
-        self._token = token
-        self._metrics = metrics
-        self.timeout_secs = timeout_secs
-        self._wall = wall
-        self._remaining: int | None = None
-        self._reset_at = 0.0
-
-    @property
-    def configured(self) -> bool:
-        return self._token.configured
-
-    def url(self, ids: Sequence[str]) -> str:
-        raise NotImplementedError
-
-    def headers(self, token: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-
-    def user_of(self, item: Mapping[str, Any]) -> str:
-        """The platform user id an answer item is about; raises KeyError/ValueError."""
-        raise NotImplementedError
-
-    def item(self, user_id: str, item: Mapping[str, Any]) -> LiveStream | None:
-        """One answer item as a live stream (None: listed but not live); raises on bad shape."""
-        raise NotImplementedError
-
-    def parse(self, obj: Any, ids: Sequence[str]) -> Answer:
-        """The answer to a request for `ids`; a malformed item is refused on its own."""
-        if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
-            raise PollError("bad_response", f"{self.platform} status API: the answer is not "
-                                            "an object with a data list")
-        answer = Answer()
-        for i, item in enumerate(obj["data"]):
-            user_id: str | None = None
-            try:
-                if not isinstance(item, dict):
-                    raise TypeError(f"item is a {type(item).__name__}")
-                user_id = self.user_of(item)
-                live = self.item(user_id, item)
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                answer.refused.append(f"data[{i}]" + (f" (user {user_id})" if user_id else "")
-                                      + f": {type(exc).__name__}: {exc}"[:200])
-                # Whose item it was is unknown: no account of the request is offline for sure.
-                answer.unsure.update([user_id] if user_id else ids)
-                continue
-            if live is not None:
-                answer.live[user_id] = live
-        return answer
-
-    def session_key(self, account_id: int, live: LiveStream) -> str:
-        """The stream id `stream_sessions` and `stream.online` use (the socket's own rule)."""
-        return live.stream_id
-
-    def rate_wait(self) -> float:
-        """Seconds until the rate-limit bucket has a point again (0: go ahead)."""
-        if self._remaining is not None and self._remaining <= 0:
-            return max(0.0, self._reset_at - self._wall())
-        return 0.0
-
-    def fetch(self, ids: Sequence[str], cancel: Cancel) -> Answer:
-        """Which of `ids` are live (and which the answer left unsure); raises PollError."""
-        token = self._get_token(cancel)
-        result = self._get(ids, token, cancel)
-        if result.status == 401:
-            # One retry with a fresh token: an app token can be revoked at any time.
-            self._token.invalidate(token)
-            result = self._get(ids, self._get_token(cancel), cancel)
-        if result.status == 429:
-            raise PollError("rate_limited", f"{self.platform} status API answered 429 (rate limit)")
-        if result.status != 200:
-            raise PollError("status", f"{self.platform} status API answered {result.status}: "
-                                      f"{result.message()}")
-        return self.parse(result.json(), ids)
-
-    def _get_token(self, cancel: Cancel) -> str:
-        try:
-            return self._token.get(cancel)
-        except AppTokenError as exc:
-            raise PollError("token", f"{self.platform} app token: {exc}") from None
-
-    def _get(self, ids: Sequence[str], token: str, cancel: Cancel) -> HttpResult:
-        started = time.monotonic()
-        try:
-            result = request("GET", self.url(ids), headers=self.headers(token),
-                             timeout=self.timeout_secs, cancel=cancel)
-        except HttpUnavailable as exc:
-            raise PollError("unavailable", f"{self.platform} status API: {exc}") from None
-        finally:
-            self._metrics.source_status_poll_duration.labels(self.platform).observe(
-                time.monotonic() - started)
-        self._note_limits(result)
-        return result
-
-    def _note_limits(self, result: HttpResult) -> None:
-        remaining = _int(result.headers.get("ratelimit-remaining"))
-        reset = _float(result.headers.get("ratelimit-reset"))
-        retry_after = _float(result.headers.get("retry-after"))
-        if result.status == 429:
-            remaining = 0
-            if reset is None and retry_after is not None:
-                reset = self._wall() + retry_after
-            if reset is None:
-                reset = self._wall() + 60.0  # no hint: one bucket period
-        if remaining is not None:
-            self._remaining = remaining
-            self._reset_at = reset if reset is not None else self._wall() + 60.0
-
-
-class HelixStreams(StatusClient):
-    """Twitch Helix `GET /streams` by `user_id`."""
-
-    platform = "twitch"
-    batch = 100
-
-    def url(self, ids: Sequence[str]) -> str:
-        query = urlencode([("user_id", i) for i in ids] + [("first", "100")])
-        return join(self._api_url, "streams") + "?" + query
-
-    def headers(self, token: str) -> dict[str, str]:
-        return {**super().headers(token), "Client-Id": self._client_id}
-
-    def user_of(self, item: Mapping[str, Any]) -> str:
-        return _id(item["user_id"], "user_id")
-
-    def item(self, user_id: str, item: Mapping[str, Any]) -> LiveStream | None:
-        stream_id = _id(item["id"], "id")
-        viewers = _viewers(item.get("viewer_count"))
-        if item.get("type", "live") != "live":
-            return None  # only a live stream is a session (not a rerun or a premiere)
-        return LiveStream(
-            user_id=user_id, stream_id=stream_id, viewers=viewers, title=_text(item.get("title")),
-            category=_text(item.get("game_name")), started_at=_time(item.get("started_at")),
-            login=_text(item.get("user_login")), name=_text(item.get("user_name")))
-
-
-class KickLivestreams(StatusClient):
-    """Kick public API `GET /livestreams` by `broadcaster_user_id`."""
-
-    platform = "kick"
-    batch = 50
-
-    def url(self, ids: Sequence[str]) -> str:
-        query = urlencode([("broadcaster_user_id", i) for i in ids] + [("limit", "100")])
-        return join(self._api_url, "livestreams") + "?" + query
-
-    def user_of(self, item: Mapping[str, Any]) -> str:
-        return _id(item["broadcaster_user_id"], "broadcaster_user_id")
-
-    def item(self, user_id: str, item: Mapping[str, Any]) -> LiveStream | None:
-        category = item.get("category")
-        started = _time(item.get("started_at"))
-        if started is None:
-            raise ValueError("a livestream without a usable started_at")
-        own = item.get("stream_id") or item.get("id")
-        return LiveStream(
-            user_id=user_id, stream_id=str(own) if isinstance(own, (str, int)) and str(own) else "",
-            viewers=_viewers(item.get("viewer_count")), title=_text(item.get("stream_title")),
-            category=_text(category.get("name")) if isinstance(category, dict) else None,
-            started_at=started, login=_text(item.get("slug")), name=_text(item.get("slug")))
-
-    def session_key(self, account_id: int, live: LiveStream) -> str:
-        # Kick's /livestreams names no stream: the key comes from the start time, as
-        # the Kick socket and webhook derive it, so all three meet on one row.
-        assert live.started_at is not None
-        return kick_stream_key(account_id, live.started_at)
-
-
-#: The id of one Kick stream, from its account and start: the Kick mapping's own rule.
-kick_stream_key = stream_key
-
-
-def _id(value: object, what: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value):
-        raise ValueError(f"{what} {value!r} is not an id")
-    return str(value)
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _float(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _viewers(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"viewer count {value!r} is not an integer")
-    return max(0, value)
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return parse_time(value)
-    except ValueError:
-        return None
 
 
 # --------------------------------------------------------------------------- the worker
@@ -547,9 +291,10 @@ class StreamStatusPoller(Worker):
 # --------------------------------------------------------------------------- composition
 
 
-def build_stream_status(cfg: Config, metrics: Metrics, *, sink: EventSink, stats: StatsSink,
-                        sessions: OpenSessions | None) -> StreamStatusPoller | None:
-    """The poller for the accounts of this shard, or None when no platform can be polled."""
+def build(cfg: Config, deps: SourceDeps) -> Built:
+    """The poller (a timer) for the accounts of this shard, when a platform can be polled."""
+    built = Built()
+    metrics = deps.metrics
     ss = cfg.streamstatus
     mine = [a for a in cfg.accounts if cfg.owns(a.account_id)]
     clients: list[tuple[StatusClient, dict[str, int]]] = []
@@ -572,9 +317,13 @@ def build_stream_status(cfg: Config, metrics: Metrics, *, sink: EventSink, stats
         if client.configured and accounts:
             clients.append((client, accounts))
     if not clients:
-        return None
-    poller = StreamStatusPoller(clients, sink=sink, stats=stats, metrics=metrics,
-                                interval_secs=ss.interval_secs, sessions=sessions)
+        return built
+    if deps.stats is None:
+        raise ValueError("the stream-status poller needs a statistics sink")
+    sink = EventSink(deps.persist_event, alerts=deps.alerts, sessions=deps.sessions)
+    poller = StreamStatusPoller(clients, sink=sink, stats=deps.stats, metrics=metrics,
+                                interval_secs=ss.interval_secs, sessions=deps.sessions)
+    built.timers.append(poller)
     log.info("stream status: polling %s every %.0fs", ", ".join(
         f"{c.platform} ({len(a)} accounts)" for c, a in clients), ss.interval_secs)
-    return poller
+    return built

@@ -24,9 +24,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from lumio_ingestd.config import SyntheticConfig
+from lumio_ingestd.config import Config, SyntheticConfig
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import ChatMessage, PlatformEvent
+from lumio_ingestd.sources import Built, SourceDeps
 from lumio_ingestd.sources.interfaces import ChatQueueLike
 from lumio_ingestd.worker import Worker
 
@@ -107,3 +108,12 @@ class SyntheticSource(Worker):
         finally:
             log.info("synthetic: stopped run=%s chat=%d events=%d event_failures=%d event_every=%d",
                      self.run_id, self.seq, self.events, self.event_failures, self._event_every)
+
+
+def build(cfg: Config, deps: SourceDeps) -> Built:
+    """The synthetic source, when `[synthetic] rate_per_sec` is above 0."""
+    built = Built()
+    if cfg.synthetic.rate_per_sec > 0:
+        built.sources.append(SyntheticSource(cfg.synthetic, deps.chat_queue("source-synthetic"),
+                                             deps.persist_event, deps.metrics))
+    return built

@@ -1,4 +1,4 @@
-"""The Redis key layout (INTERFACE.md). The account id sits in braces so that all
+"""The Redis key layout (docs/architecture.rst, "Redis keys"). The account id sits in braces so that all
 of one account's keys share a Redis Cluster hash slot and one Lua script may
 touch several of them."""
 
@@ -8,6 +8,13 @@ CHAT_DRAIN_LEADER = "lumio:chat:deadletter:drain:leader"
 EVENTS_DRAIN_LEADER = "lumio:events:deadletter:drain:leader"
 #: `shard = auto`: the replica that keeps Kick's webhook subscriptions in line.
 KICK_SUBSCRIPTIONS_LEADER = "lumio:kick:subscriptions:leader"
+#: The lease of each timer that runs on one replica only (`Built.leader_timers`), by worker name.
+LEADER_KEYS = {"kick-webhook-subscriptions": KICK_SUBSCRIPTIONS_LEADER}
+
+
+def leader_key(worker: str) -> str:
+    """The lease key of a one-replica timer; a new such timer needs its key named here (KeyError)."""
+    return LEADER_KEYS[worker]
 
 
 def chat_buffer(account_id: int) -> str:

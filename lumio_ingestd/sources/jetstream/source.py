@@ -55,14 +55,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import websocket
 
-from lumio_ingestd.config import AccountConfig, Config, JetstreamConfig
+from lumio_ingestd.config import AccountConfig, JetstreamConfig
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import Kind, PlatformEvent
+from lumio_ingestd.model import Kind
 from lumio_ingestd.sources.base import Source, SourceClosed
 from lumio_ingestd.sources.interfaces import FrameSink, JetstreamStore
 from lumio_ingestd.sources.jetstream.protocol import (
@@ -408,48 +407,3 @@ def _close_code(data: bytes) -> str:
     if len(data) >= 2:
         return f"code {int.from_bytes(data[:2], 'big')}"
     return "no code"
-
-
-# -- composition ----------------------------------------------------------------------
-
-
-class AlertSink(Protocol):
-    def publish(self, ev: PlatformEvent) -> None: ...
-
-
-def cursor_name(cfg: Config) -> str:
-    """One cursor per shard: each shard asks for other DIDs, so one cursor cannot serve two.
-
-    With `shard = auto` the DIDs follow the membership, so the cursor is this
-    instance's (an account that moves here starts at the new owner's cursor).
-    """
-    if cfg.daemon.shard_auto:
-        return f"auto-{cfg.daemon.instance_id}"
-    index, count = cfg.daemon.shard_index, cfg.daemon.shard_count
-    return "default" if count == 1 else f"shard-{index}-of-{count}"
-
-
-def post_alert(account_id: int, payload: dict[str, Any]) -> PlatformEvent:
-    """The live alert of a post: a `bluesky.post` event keyed by the post's at:// URI."""
-    body = {k: v for k, v in payload.items() if k not in ("type", "platform")}
-    return PlatformEvent.new(
-        account_id=account_id, platform="bluesky", type=ALERT_TYPE, payload=body,
-        external_id=payload["uri"],
-        created_at=datetime.fromtimestamp(payload["time_us"] / 1_000_000, UTC))
-
-
-def build_jetstream(cfg: Config, metrics: Metrics, *, db: JetstreamStore,
-                    alerts: AlertSink | None) -> JetstreamSource | None:
-    """The source, when `[jetstream] collections` is set and an account of this shard has a DID."""
-    accounts = [a for a in cfg.accounts if a.bluesky_did and cfg.owns(a.account_id)]
-    if not cfg.jetstream.collections or not accounts:
-        return None
-    on_post: OnPost | None = None
-    if alerts is not None:
-        sink = alerts
-
-        def on_post(account_id: int, payload: dict[str, Any]) -> None:
-            sink.publish(post_alert(account_id, payload))
-
-    return JetstreamSource(cfg.jetstream, accounts, db, metrics, on_post=on_post,
-                           cursor_name=cursor_name(cfg), name="source-jetstream")

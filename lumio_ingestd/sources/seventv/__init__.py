@@ -7,21 +7,17 @@
 
 The wire protocol and the mapping are `lumio_ingestd.sources.seventv.protocol`; the
 state table is `lumio_ingestd.stores.seventv` (given to the source by
-`build()` in app.py as a `SetStateStore`, so nothing here touches the database).
+the runtime as a `SetStateStore`, so nothing here touches the database).
 
-`build_seventv()` makes the source when `[seventv] enabled` is true, for the
+`build()` makes the source when `[seventv] enabled` is true, for the
 accounts of this shard that have `seventv_user_id`, `seventv_emote_set_id`
 or `twitch_user_id`. Nothing durable here (see `follow` and `source`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from lumio_ingestd.config import Config
-from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PersistResult, PlatformEvent
-from lumio_ingestd.sources.interfaces import Alerts, SetStateStore
+from lumio_ingestd.sources import Built, SourceDeps
 from lumio_ingestd.sources.seventv.follow import Followed, Follower
 from lumio_ingestd.sources.seventv.source import SevenTvSocket, SevenTvSource
 from lumio_ingestd.sources.sink import EventSink
@@ -35,19 +31,20 @@ def followed_accounts(cfg: Config) -> list[Followed]:
             and cfg.owns(a.account_id)]
 
 
-def build_seventv(cfg: Config, metrics: Metrics, *, store: SetStateStore,
-                  persist_event: Callable[[PlatformEvent], PersistResult],
-                  alerts: Alerts | None) -> SevenTvSource | None:
-    """The source, when `[seventv] enabled` and this shard has an account to follow."""
+def build(cfg: Config, deps: SourceDeps) -> Built:
+    built = Built()
     if not cfg.seventv.enabled:
-        return None
+        return built
     accounts = followed_accounts(cfg)
     if not accounts:
-        return None
-    sink = EventSink(persist_event, alerts=alerts, sessions=None)
-    return SevenTvSource(cfg.seventv.eventapi_url, cfg.seventv.api_url, accounts, store=store,
-                         sink=sink, metrics=metrics)
+        return built
+    if deps.set_states is None:
+        raise ValueError("7TV needs a set-state store")
+    sink = EventSink(deps.persist_event, alerts=deps.alerts, sessions=None)
+    built.sources.append(SevenTvSource(cfg.seventv.eventapi_url, cfg.seventv.api_url, accounts,
+                                       store=deps.set_states, sink=sink, metrics=deps.metrics,
+                                       frames=deps.frames))
+    return built
 
 
-__all__ = ["Followed", "Follower", "SevenTvSocket", "SevenTvSource", "build_seventv",
-           "followed_accounts"]
+__all__ = ["Followed", "Follower", "SevenTvSocket", "SevenTvSource", "build", "followed_accounts"]

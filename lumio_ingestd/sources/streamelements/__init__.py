@@ -5,7 +5,7 @@
 - `source`: `StreamElementsSource`, the per-account thread (welcome,
   subscribes, pings, reconnect tokens, errors per topic).
 
-`build_streamelements()` makes a source for every account of this shard that
+`build()` makes a source for every account of this shard that
 has `streamelements_channel_id` and `streamelements_token_file`; its events go
 through the shared `EventSink` (persist_event, then the live alert).
 Nothing durable here.
@@ -13,28 +13,23 @@ Nothing durable here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from lumio_ingestd.config import Config
-from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import PersistResult, PlatformEvent
-from lumio_ingestd.sources.interfaces import Alerts
+from lumio_ingestd.sources import Built, SourceDeps
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.streamelements.source import StreamElementsSource
 
 
-def build_streamelements(cfg: Config, metrics: Metrics, *,
-                         persist_event: Callable[[PlatformEvent], PersistResult],
-                         alerts: Alerts | None) -> list[StreamElementsSource]:
-    sink = EventSink(persist_event, alerts=alerts, sessions=None)
-    sources: list[StreamElementsSource] = []
+def build(cfg: Config, deps: SourceDeps) -> Built:
+    sink = EventSink(deps.persist_event, alerts=deps.alerts, sessions=None)
+    built = Built()
     for account in cfg.accounts:
         if not account.streamelements_channel_id or account.streamelements_token_file is None:
             continue
         if not cfg.owns(account.account_id):
             continue
-        sources.append(StreamElementsSource(account, cfg.streamelements, sink=sink, metrics=metrics))
-    return sources
+        built.sources.append(StreamElementsSource(account, cfg.streamelements, sink=sink,
+                                                  metrics=deps.metrics, frames=deps.frames))
+    return built
 
 
-__all__ = ["StreamElementsSource", "build_streamelements"]
+__all__ = ["StreamElementsSource", "build"]

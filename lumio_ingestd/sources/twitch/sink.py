@@ -20,22 +20,13 @@ Durable when `persist` returns: whatever its `PersistResult` says.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PersistResult, PlatformEvent, StreamChange
-from lumio_ingestd.sources.interfaces import Alerts, SessionStore
+from lumio_ingestd.sources.interfaces import Alerts, HeldCopies, SessionStore
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.mapping import GIFT_TYPE, PLATFORM, Gift, Notification
-
-
-class HeldCopies(Protocol):
-    """A durable copy of a held gift bomb (events/held.py `HeldGifts`)."""
-
-    def keep(self, ev: PlatformEvent) -> bool: ...
-
-    def done(self, ev: PlatformEvent) -> None: ...
 
 
 class TwitchSink(EventSink):
