@@ -130,7 +130,8 @@ def test_every_alert_has_a_runbook_in_operating() -> None:
         anchor = make_id(f"runbook-{name}")
         assert runbook == f"docs/operating.rst#{anchor}", f"{name}: runbook is {runbook!r}"
         assert anchor in labels, f"docs/operating.rst has no label for {name}"
-        section = rf"^\.\. _{re.escape(labels[anchor])}:\n\n{re.escape(name)}\n([-=~^])\1{{{len(name) - 1},}}$"
+        label, title = re.escape(labels[anchor]), re.escape(name)
+        section = rf"^\.\. _{label}:\n\n{title}\n([-=~^])\1{{{len(name) - 1},}}$"
         assert re.search(section, text, re.M), f"the label of {name} is not on a section titled {name}"
 
 
@@ -183,7 +184,8 @@ def test_the_code_map_names_existing_parts() -> None:
         if "<" in name:
             continue
         tail = name.rstrip("/")
-        if not any(p.name == Path(tail).name and p.as_posix().endswith(tail)
-                   for p in (ROOT / "lumio_ingestd").rglob(Path(tail).name)):
+        package = ROOT / "lumio_ingestd"
+        if not ((ROOT / tail).exists() or (package / tail).exists()
+                or any(p.as_posix().endswith("/" + tail) for p in package.rglob(Path(tail).name))):
             missing.append(name)
     assert not missing, "the README's code map names parts that do not exist: " + ", ".join(missing)

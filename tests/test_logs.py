@@ -107,5 +107,5 @@ def test_the_daemon_under_the_journal_logs_prefixed_lines_without_secrets_or_cha
     assert SENTINEL not in daemon.log
     # Chat text is only ever logged at debug (<7>).
     assert not [line for line in lines if "synthetic message" in line and not line.startswith("<7>")]
-    assert "<6>lumio_ingestd.runtime.app [MainThread]: ready in" in daemon.log
+    assert "<6>lumio_ingestd.app [MainThread]: ready in" in daemon.log
     assert "synthetic: stopped run=journal" in daemon.log

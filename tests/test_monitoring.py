@@ -6,7 +6,7 @@ registry (`lumio_ingestd.metrics`, with the suffixes Prometheus adds), every
 dashboard expression parses (promtool checks them as recording rules), the
 dashboard takes its data source from a variable, and every alert has a
 summary, a description, a runbook pointer, a severity, a unit test and a
-section in README's "Operating".
+runbook section in docs/operating.rst.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "monitoring" / "grafana" / "lumio-ingestd.json"
 RULES = ROOT / "monitoring" / "prometheus" / "lumio-ingestd.rules.yml"
 RULE_TESTS = ROOT / "monitoring" / "prometheus" / "tests"
-README = ROOT / "README.rst"
+OPERATING = ROOT / "docs" / "operating.rst"
 
 #: Series Prometheus itself makes, not the daemon.
 PROMETHEUS_SERIES = {"up"}
@@ -129,8 +129,7 @@ def test_every_rule_metric_is_exported_and_every_alert_is_documented_and_tested(
     exported = exported_names()
     alerts = parse_rules()
     assert len(alerts) >= 10
-    readme = README.read_text()
-    operating = readme[readme.index("\nOperating\n========="):]
+    operating = OPERATING.read_text()
     tests = "\n".join(p.read_text() for p in RULE_TESTS.glob("*.yml"))
     for alert in alerts:
         name = alert["alert"]
@@ -139,9 +138,9 @@ def test_every_rule_metric_is_exported_and_every_alert_is_documented_and_tested(
         assert metric_names(alert["expr"]), name
         assert alert.get("severity") in ("critical", "warning"), name
         assert alert.get("summary") and alert.get("description"), name
-        assert alert.get("runbook") == f"README.rst, Operating, {name}", name
-        assert re.search(rf"^{name}\n\^{{{len(name)}}}$", operating, re.M), \
-            f"README.rst has no subsection {name!r} under Operating"
+        assert alert.get("runbook") == f"docs/operating.rst#runbook-{name.lower()}", name
+        assert re.search(rf"^\.\. _runbook-{name}:\n\n{name}\n-{{{len(name)}}}$", operating, re.M), \
+            f"docs/operating.rst has no runbook section {name!r}"
         # A unit test that evaluates it at least twice (quiet and firing).
         assert tests.count(f"alertname: {name}\n") >= 2, f"{name} has no promtool unit test"
 

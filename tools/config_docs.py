@@ -1,7 +1,7 @@
 """Render the configuration reference of docs/configuration.rst from `config.SCHEMA`.
 
 `make docs` (or `python tools/config_docs.py`) rewrites the block between the
-CONFIG-KEYS markers of docs/configuration.rst; `tests/test_docs.py` fails
+CONFIG-KEYS markers of docs/configuration.rst; `test_docs.py` fails
 when the two drift apart.
 """
 
@@ -12,10 +12,7 @@ from pathlib import Path
 
 from lumio_ingestd.config import SCHEMA, SECTION_HELP
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.rst"
-DOCS = ROOT / "docs"
-CONFIGURATION = DOCS / "configuration.rst"
+CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.rst"
 START = ".. CONFIG-KEYS-START\n"
 END = ".. CONFIG-KEYS-END\n"
 

@@ -1,7 +1,7 @@
 """Render the metrics reference of docs/operating.rst from `lumio_ingestd.metrics.Metrics`.
 
 `make docs` (or `PYTHONPATH=. python tools/metrics_docs.py`) rewrites the
-block between the METRICS markers of docs/operating.rst; `tests/test_docs.py`
+block between the METRICS markers of docs/operating.rst; `test_docs.py`
 fails when the two drift apart.
 """
 
