@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_chat.py [--messages N] [--runs R]
 
-Starts a private PostgreSQL and Redis (tests/harness, the same servers the
+Starts a private PostgreSQL and Redis (tests/support/harness, the same servers the
 tests use), applies the migrations, and measures, on the same table in the
 same run:
 
@@ -35,7 +35,6 @@ from typing import Any
 
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
-from harness.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
 from lumio_ingestd.chat.flusher import flush_threads  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.chat.store import encode_row, insert_encoded  # noqa: E402
@@ -45,6 +44,7 @@ from lumio_ingestd.db.pool import Pool  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.model import CHAT_COLUMNS, ChatMessage  # noqa: E402
 from lumio_ingestd.stores.redisclient import connect  # noqa: E402
+from support.harness.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
 
 ACCOUNTS = 4
 FLUSH_INTERVAL = 0.2

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_chat_drain.py [--messages 100000] [--accounts 100]
 
-Starts its own private PostgreSQL (fsync on) and Redis through tests/harness,
+Starts its own private PostgreSQL (fsync on) and Redis through tests/support/harness,
 parks `--messages` chat messages in the dead-letter lists of `--accounts`
 accounts, and times one pass of ChatDeadLetterDrain (the default
 flush_batch_size of 1000). Writes bench/results/bench_chat_drain.json. Not a
@@ -22,9 +22,9 @@ from typing import Any
 
 from _paths import DURABLE_PG, ROOT  # noqa: E402 - first: it sets up sys.path
 
-from chat_support import make_messages, make_rig  # noqa: E402
-from harness import PostgresServer, RedisServer  # noqa: E402
 from lumio_ingestd.stores import rediskeys  # noqa: E402
+from support.chat import make_messages, make_rig  # noqa: E402
+from support.harness import PostgresServer, RedisServer  # noqa: E402
 
 
 def run(messages: int = 100_000, accounts: int = 100) -> dict[str, Any]:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_cluster.py [--messages N] [--runs R]
 
 Starts a private PostgreSQL, one redis-server, and a Redis Cluster of three
-primaries and three replicas (tests/harness: `RedisServer`,
+primaries and three replicas (tests/support/harness: `RedisServer`,
 `RedisClusterServers`), and measures bench_chat.py's end-to-end path
 (`ChatQueue` -> pipelined RPUSH -> `ChatFlusher` -> committed rows) on each,
 alternating, `--runs` times. Prints the medians and writes
@@ -22,11 +22,11 @@ from pathlib import Path
 from _paths import ROOT  # first of the local imports: it sets up sys.path
 from bench_chat import end_to_end, make_messages
 
-from harness.cluster import RedisClusterServers
-from harness.servers import PostgresServer, RedisServer
 from lumio_ingestd.config import load
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
+from support.harness.cluster import RedisClusterServers
+from support.harness.servers import PostgresServer, RedisServer
 
 
 def _config(tmp: Path, name: str, pg: PostgresServer, url: str, cluster: bool) -> Path:

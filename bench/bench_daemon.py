@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_daemon.py [--runs 3] [--rates 0,200,2000] [--load-secs 3]
 
-Starts a private Redis and PostgreSQL (tests/harness, as the tests do),
+Starts a private Redis and PostgreSQL (tests/support/harness, as the tests do),
 migrates, then for each synthetic chat rate runs `python -m lumio_ingestd run`
 `--runs` times with a notify socket of its own and measures:
 
@@ -32,11 +32,11 @@ from typing import Any
 
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
-from daemon_support import Daemon, NotifySocket  # noqa: E402
-from harness import PostgresServer, RedisServer  # noqa: E402
 from lumio_ingestd.config import load  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
 from support import write_ini  # noqa: E402
+from support.daemon import Daemon, NotifySocket  # noqa: E402
+from support.harness import PostgresServer, RedisServer  # noqa: E402
 
 _REPORT = re.compile(r"shutdown (?:complete|INCOMPLETE)[^:]* in ([0-9.]+)s")
 

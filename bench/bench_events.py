@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_events.py [--events 2000] [--replay 100000] [--accounts 1000]
 
 Starts its own private PostgreSQL (fsync and synchronous_commit on, as in
-production) and Redis through tests/harness, and measures:
+production) and Redis through tests/support/harness, and measures:
 
 - `persist_event` latency in normal operation (p50/p99/max), events with and
   without an external id (the advisory-lock + EXISTS path and the ON CONFLICT
@@ -38,10 +38,10 @@ from typing import Any
 
 from _paths import DURABLE_PG, write_result  # noqa: E402 - first: it sets up sys.path
 
-from events_support import make_event, make_rig  # noqa: E402
-from harness import FaultProxy, PostgresServer, RedisServer  # noqa: E402
 from lumio_ingestd.events.deadletter import DeadLetters  # noqa: E402
 from lumio_ingestd.model import PlatformEvent  # noqa: E402
+from support.events import make_event, make_rig  # noqa: E402
+from support.harness import FaultProxy, PostgresServer, RedisServer  # noqa: E402
 
 
 def _stats(samples: list[float]) -> dict[str, float]:

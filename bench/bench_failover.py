@@ -32,16 +32,16 @@ from typing import Any
 
 import redis
 from _paths import ROOT  # first of the local imports: it sets up sys.path
-from accounts_support import account_section, sessions_of, subscribed  # noqa: E402
 
-from daemon_support import Daemon  # noqa: E402
-from harness import PostgresServer, RedisServer  # noqa: E402
 from lumio_ingestd.cluster.membership import owner  # noqa: E402
 from lumio_ingestd.config import load  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
 from lumio_ingestd.devkit.servers import wait_until  # noqa: E402
 from lumio_ingestd.devkit.standins.twitch import TwitchStandin  # noqa: E402
 from support import write_ini  # noqa: E402
+from support.accounts import account_section, sessions_of, subscribed  # noqa: E402
+from support.daemon import Daemon  # noqa: E402
+from support.harness import PostgresServer, RedisServer  # noqa: E402
 
 
 def _config(work: Path, fake: TwitchStandin, name: str, redis_url: str, pg_url: str,

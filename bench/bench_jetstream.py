@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_jetstream.py [--records 20000] [--batch 500]
 
 Starts its own private PostgreSQL (fsync and synchronous_commit on, as in
-production) through tests/harness, and measures:
+production) through tests/support/harness, and measures:
 
 - `store.apply` alone: batches of new creates, then the same batches again
   (a rewind's replay: every commit stale), then batches that repeat each key
@@ -28,15 +28,15 @@ from typing import Any
 
 from _paths import DURABLE_PG, write_result  # noqa: E402 - first: it sets up sys.path
 
-from fakes.jetstream import FakeEvent, FakeJetstream, commit  # noqa: E402
-from harness import PostgresServer  # noqa: E402
 from lumio_ingestd.db.migrate import migrate  # noqa: E402
 from lumio_ingestd.db.pool import Pool  # noqa: E402
-from lumio_ingestd.stores import jetstream as store  # noqa: E402
+from lumio_ingestd.devkit.standins.jetstream import JetstreamStandin, StandinEvent, commit  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.sources.jetstream.protocol import Commit, decode  # noqa: E402
 from lumio_ingestd.sources.jetstream.source import JetstreamSource  # noqa: E402
+from lumio_ingestd.stores import jetstream as store  # noqa: E402
 from support import make_config  # noqa: E402
+from support.harness import PostgresServer  # noqa: E402
 
 DID = "did:plc:benchbenchbenchbenchbenc"
 POST = "app.bsky.feed.post"
@@ -103,7 +103,7 @@ def main() -> None:
             pool.close()
 
         frames = _frames(args.records, base + 10_000_000)
-        with FakeJetstream([FakeEvent.of(f) for f in frames]) as server:
+        with JetstreamStandin([StandinEvent.of(f) for f in frames]) as server:
             e2e = make_config(work, pg_url=pg.url("bench"), sections={
                 "jetstream": {"url": server.url, "collections": POST}, "account.1": {"bluesky_did": DID}})
             pool = Pool(e2e.timescale)

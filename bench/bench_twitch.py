@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/bench_twitch.py [--chat 5000] [--events 500] [--alert-events 1000]
 
-Starts its own private PostgreSQL and Redis through tests/harness and the
-stand-in Twitch (tests/fakes/twitch.py), and measures:
+Starts its own private PostgreSQL and Redis through tests/support/harness and the
+stand-in Twitch (lumio_ingestd/devkit/standins/twitch.py), and measures:
 
 - socket to rows: chat notifications and events sent by the stand-in, until
   every one is a row (chat through the queue, Redis and the flusher; events
@@ -31,15 +31,15 @@ from typing import Any
 
 from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 
-import twitch_frames as tf  # noqa: E402
-from fakes.twitch import FakeSession, FakeTwitch  # noqa: E402
-from harness import PostgresServer, RedisServer  # noqa: E402
-from harness.servers import wait_until  # noqa: E402
-from http_client import serving  # noqa: E402
+from lumio_ingestd.devkit.standins.twitch import StandinSession, TwitchStandin  # noqa: E402
 from lumio_ingestd.events.alerts import STREAM_PATH, stream_handler  # noqa: E402
 from lumio_ingestd.model import PlatformEvent  # noqa: E402
 from lumio_ingestd.web.server import Routes  # noqa: E402
-from twitch_support import EMIT_TOKEN, TwitchRig, make_rig  # noqa: E402
+from support import twitch_frames as tf  # noqa: E402
+from support.harness import PostgresServer, RedisServer  # noqa: E402
+from support.harness.servers import wait_until  # noqa: E402
+from support.http_client import serving  # noqa: E402
+from support.twitch import EMIT_TOKEN, TwitchRig, make_rig  # noqa: E402
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
@@ -53,7 +53,7 @@ def _stats(samples: list[float]) -> dict[str, float]:
             "total_s": sum(ordered)}
 
 
-def socket_to_rows(rig: TwitchRig, fake: FakeTwitch, n_chat: int, n_events: int) -> dict[str, Any]:
+def socket_to_rows(rig: TwitchRig, fake: TwitchStandin, n_chat: int, n_events: int) -> dict[str, Any]:
     session = fake.wait_session(1)
     if not fake.wait_for(lambda: len(session.subscriptions) == 11, 15):
         raise SystemExit("the source did not subscribe")
@@ -75,7 +75,7 @@ def socket_to_rows(rig: TwitchRig, fake: FakeTwitch, n_chat: int, n_events: int)
             "per_sec": (n_chat + total_events) / took}
 
 
-def handoff(rig: TwitchRig, fake: FakeTwitch, rounds: int) -> dict[str, Any]:
+def handoff(rig: TwitchRig, fake: TwitchStandin, rounds: int) -> dict[str, Any]:
     times = []
     lost = 0
     for r in range(rounds):
@@ -86,7 +86,7 @@ def handoff(rig: TwitchRig, fake: FakeTwitch, rounds: int) -> dict[str, Any]:
         ids = [f"h{r}-{i}" for i in range(50)]
         for mid in ids:
             fake.notify("channel.chat.message", tf.chat_event(mid), session=old)
-        def handed_off(b: int = before, o: FakeSession = old) -> bool:
+        def handed_off(b: int = before, o: StandinSession = old) -> bool:
             return len(fake.sessions) > b and not o.open
 
         def stored_once(i_: list[str] = ids) -> bool:
@@ -147,7 +147,7 @@ def main() -> None:
     try:
         pg.start()
         rd.start()
-        with FakeTwitch(min_keepalive=10) as fake:
+        with TwitchStandin(min_keepalive=10) as fake:
             rig = make_rig(work, pg.url(), rd.url, fake)
             try:
                 rig.source().start()

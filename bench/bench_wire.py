@@ -44,7 +44,6 @@ from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, raw_copy, truncate  # noqa: E402
 from standin_server import StandinProcess  # noqa: E402
 
-from lumio_ingestd.runtime import gcpolicy  # noqa: E402
 from lumio_ingestd.chat.flusher import flush_threads  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
 from lumio_ingestd.config import Config, TimescaleConfig, load  # noqa: E402
@@ -55,6 +54,7 @@ from lumio_ingestd.devkit.standins.twitch import TwitchStandin  # noqa: E402
 from lumio_ingestd.events.persist import EventIngest  # noqa: E402
 from lumio_ingestd.metrics import Metrics  # noqa: E402
 from lumio_ingestd.model import CHAT_COLUMNS, ChatMessage  # noqa: E402
+from lumio_ingestd.runtime import gcpolicy  # noqa: E402
 from lumio_ingestd.sources import SourceDeps  # noqa: E402
 from lumio_ingestd.sources.twitch import build as build_twitch  # noqa: E402
 from lumio_ingestd.sources.twitch.mapping import interpret  # noqa: E402

@@ -1,7 +1,7 @@
 """Shared fixtures: real PostgreSQL and Redis servers and TCP fault proxies.
 
 Nothing here is mocked: every fixture runs real server processes (see
-tests/harness).  A missing binary fails the test with what to install.
+tests/support/harness).  A missing binary fails the test with what to install.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # `from harness import ...` however pytest is run
     sys.path.insert(0, _TESTS_DIR)
 
-from harness import (  # noqa: E402
+from support import dbname_of  # noqa: E402
+from support.harness import (  # noqa: E402
     FaultProxy,
     FaultProxyFactory,
     PostgresServer,
     RedisServer,
     install_signal_cleanup,
 )
-from harness import free_port as _free_port  # noqa: E402
-from support import dbname_of  # noqa: E402
+from support.harness import free_port as _free_port  # noqa: E402
 
 # seconds each session server took to start (reported in the terminal summary)
 _START_TIMES: dict[str, float] = {}
