@@ -2,7 +2,7 @@
 
 This is the composition root's front door: it is the only place that reads
 `os.environ` (and hands it to `config.load`), sets up logging, and maps
-failures to the sysexits codes of INTERFACE.md.
+failures to the sysexits codes of docs/deployment.rst, "Exit codes".
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 `Metrics` is built once by the composition root and passed down; nothing uses
 the global default registry, so tests build their own and read values back.
-The seed's names are kept exactly (`events_persist_failures_total{outcome}`,
-`events_dead_letter_depth`, `chat_*`). No metric carries an account label:
+The names other services rely on are kept exactly
+(`events_persist_failures_total{outcome}`, `events_dead_letter_depth`,
+`chat_*`; docs/operating.rst, "Names other services rely on"). No metric carries an account label:
 label values below are small fixed sets.
 """
 

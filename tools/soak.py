@@ -3,7 +3,7 @@
 The demo's private Redis (AOF on) and PostgreSQL, its Twitch and Jetstream
 stand-ins and the real daemon as a child process (lumio_ingestd.devkit.demo), with
 the demo's traffic on two Twitch channels and Bluesky. Every few seconds a
-fault from ../shared/RELIABILITY.md is picked at random (seeded: the seed is
+fault from docs/development.rst, "The chaos soak", is picked at random (seeded: the seed is
 printed first, `--seed N` replays the same schedule):
 
 - `pg-fast` / `pg-immediate`: PostgreSQL stopped (fast or immediate

@@ -73,7 +73,7 @@ def dissolve(cfg: Config, account_id: int) -> int:
     return exitcodes.OK
 
 
-# -- the operator's view (issue 18) ----------------------------------------------------
+# -- the operator's view -----------------------------------------------------------------
 
 
 def status(cfg: Config, as_json: bool) -> int:

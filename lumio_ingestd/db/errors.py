@@ -8,7 +8,8 @@ driver's exception class for errors that never reached the server.
 Environmental errors (a missing table, column, function or grant) are handled
 like transient ones by callers, so data waits for a migration or a GRANT
 instead of being refused; they also raise an alert metric. This deliberately
-differs from the seed, which rejects every class-42 error.
+differs from the original specification, which rejects every class-42 error
+(docs/architecture.rst, "The database layer").
 """
 
 from __future__ import annotations

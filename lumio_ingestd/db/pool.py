@@ -156,7 +156,7 @@ class Pool:
     def begin_unbounded(self) -> Iterator[Cursor]:
         """One transaction with `statement_timeout` lifted for it alone.
 
-        For the long work the seed names (retention, GDPR erasure and export,
+        For the long work of lifecycle/ (retention, GDPR erasure and export,
         account dissolution). `SET LOCAL` ends with the transaction, so the
         connection goes back to the pool with its normal limit.
         """

@@ -16,7 +16,7 @@ dead-letter list in its order; the retry worker uses it for its own remainder
 after a transient error and for the in-flight lists of dead instances.
 
 Durable when a function returns: whatever Redis acknowledged (subject to its
-own AOF policy; RELIABILITY.md takeaway 10).
+own AOF policy; docs/architecture.rst, "What Redis keeps").
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from lumio_ingestd.stores.quarantine import quarantine_entry
 # The dead-letter key's TTL, refreshed on every park and every put-back. It
 # is only a far safety net for a deployment whose replayers are all gone:
 # entries are quarantined by their own created_at (reason "expired") long
-# before it fires while any replica runs. The seed's 72 h; the [events]
+# before it fires while any replica runs. 72 h as specified; the [events]
 # section has no key for it (chat's deadletter_ttl_hours is chat's).
 DEADLETTER_TTL_SECS = 72 * 3600
 

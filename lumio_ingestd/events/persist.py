@@ -125,7 +125,7 @@ class EventIngest:
             else:
                 # One round trip, its commit included: the pool's transaction
                 # would add a BEGIN and a COMMIT, each a wait for the server
-                # (issue 16: the live p99 during a replay is those waits).
+                # (the live p99 during a replay is those waits).
                 with self._pool.connection(deadline=started + self._timeout) as conn:
                     new = store.insert_event_committed(conn, ev)
         # Any failure at all, a bug's included, must end with the event parked

@@ -6,7 +6,8 @@ dead-letter list `lumio:events:deadletter:{A}`, else the local spool (kind
 "event"), and the retry worker (or the spool replayer, when Redis is down)
 stores it later. So it needs no Redis keys, spool kind or worker of its own.
 
-A record entry is an event entry (INTERFACE.md: `v`, `id`, `created_at`,
+A record entry is an event entry (docs/architecture.rst, "Parked and spooled
+entries": `v`, `id`, `created_at`,
 `account_id`, `platform`, `type`, `external_id`, `payload`, `children`)
 plus `"kind": KIND`; the payload carries the row. Code that stores parked
 entries asks `record_kind(raw)` first: None is an event for

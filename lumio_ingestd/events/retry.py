@@ -33,7 +33,7 @@ is unhealthy. An entry that no retry can store goes to
 
 - "undecodable": not an entry this code can read;
 - "expired": its original created_at is older than the dead-letter TTL (72 h;
-  counted `events_persist_failures{outcome="lost"}` too, as the seed's drop
+  counted `events_persist_failures{outcome="lost"}` too, as a dropped entry's
   would have been, but kept for an operator);
 - "permanent": the database refuses it (SQLSTATE class 22/23/...);
 - "stuck": the same retryable-but-not-a-health-problem failure (an

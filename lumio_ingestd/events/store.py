@@ -12,7 +12,7 @@ must all take the same advisory lock, or the dedup below stops holding.
   hypertable cannot carry a unique index on (account_id, external_id) without
   the time column, hence the lock. READ COMMITTED matters: in REPEATABLE READ
   the snapshot is taken by the lock statement itself, before the lock is
-  granted, and EXISTS would miss the previous holder's row (RELIABILITY.md
+  granted, and EXISTS would miss the previous holder's row (docs/architecture.rst,
   2.6). The pool sets READ COMMITTED on every connection.
 - Without one: `ON CONFLICT (id, created_at) DO NOTHING`; the id and
   created_at are fixed once, before the first attempt, so a replay conflicts
@@ -293,7 +293,7 @@ def _statements(cur: Cursor, ev: PlatformEvent, *, prepared: bool) -> bytes:
 
     With an external id, the lock first, as a statement of its own: its
     snapshot is taken before the lock is granted, so the probe must be in a
-    later statement (RELIABILITY.md 2.6). Then one INSERT with the probe
+    later statement (docs/architecture.rst, "Event deduplication"). Then one INSERT with the probe
     folded in and the children, if any, fed by its RETURNING. `prepared`:
     an INSERT without children as the EXECUTE of its `prepare_replay`
     statement (the same text).

@@ -548,7 +548,7 @@ class App:
                       pending=lambda: _running([http])),
                 # Requests run on while the listener closes (at most 1 s), so their
                 # 5 s count from the signal: with the flush after them, the whole
-                # drain stays within the seed's 8 s.
+                # drain stays within its 8 s.
                 Stage("http-requests", lambda: None, lambda: not http.in_flight(),
                       HTTP_GRACE_SECS - 1.0, after=("http-accept",), pending=http.in_flight),
                 Stage("http-streams", lambda: _ignore(http.close_streams()),

@@ -1,4 +1,6 @@
-"""Refused frames, kept with their raw bytes in a bounded file quarantine (RELIABILITY.md B17).
+"""Refused frames, kept with their raw bytes in a bounded file quarantine.
+
+See docs/architecture.rst, "Refused frames".
 
 A frame or webhook body a platform sent that the daemon refuses (not UTF-8,
 not JSON, nested too deep, too large, a shape it cannot read) is counted in

@@ -13,8 +13,8 @@ changes nothing:
 - offline (it carries no stream id): every open session of the account that
   started at or before the offline time is closed at that time.
 
-One fact, one `events` row, whichever path saw it (INTERFACE.md, "Stream
-status"): a `stream.online` is keyed by the stream id on the socket, the
+One fact, one `events` row, whichever path saw it (docs/platforms.rst,
+"Stream sessions: one fact, one row"): a `stream.online` is keyed by the stream id on the socket, the
 webhook and the poller alike. A `stream.offline` from Twitch names no stream,
 so its key is made here, `offline_external_id(stream id)`, from the stream
 it ends: the latest session of the account and platform that started at or

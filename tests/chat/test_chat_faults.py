@@ -1,4 +1,4 @@
-"""The chat rows of the seed's table, each fault real, each ending with the exactly-once oracle.
+"""The chat rows of the fault table, each fault real, each ending with the exactly-once oracle.
 
 database down / slow / out of connections -> messages stay in Redis, dead-lettered
 after max_flush_failures; database back -> buffers flush and dead letters replay;

@@ -1,4 +1,4 @@
-"""The inline insert's round trips, counted in the server's own statement log (issue 16).
+"""The inline insert's round trips, counted in the server's own statement log.
 
 `persist_event` stores an event in one query, its commit included: the lock
 and the probe-folded INSERT (children through its RETURNING) as one
@@ -60,7 +60,8 @@ def test_the_inline_insert_is_one_round_trip(rig: Rig, pg_server: PostgresServer
                                               external_id: str | None, children: int) -> None:
     rig.ingest.persist_event(make_event(n=99))  # the pool's connection opened (and its settings)
     ev = make_event(external_id=external_id, n=1, children=children)
-    # Before issue 16's change: BEGIN, lock, EXISTS, INSERT, children, COMMIT (6 with both).
+    # Before the live insert became one round trip: BEGIN, lock, EXISTS, INSERT, children, COMMIT
+    # (6 with both).
     assert _round_trips(rig, pg_server, ev) == ("stored", 1)
     # A replay of the same row: one round trip too, nothing added.
     assert _round_trips(rig, pg_server, ev) == ("duplicate", 1)

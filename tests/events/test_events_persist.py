@@ -1,4 +1,4 @@
-"""persist_event and insert_event against real servers and real faults (the seed's event rows).
+"""persist_event and insert_event against real servers and real faults (the fault table's event rows).
 
 Every test ends with the exactly-once oracle: each event sent is stored once
 (by id, or by external id), or sits where the outcome says it went.
@@ -34,7 +34,7 @@ from support.events import (
 from support.harness.proxy import FaultProxy, FaultProxyFactory
 from support.harness.servers import PostgresServer, RedisServer, wait_until
 
-TIMEOUT = 3.0  # [events] insert_timeout_secs in these tests (the seed's value)
+TIMEOUT = 3.0  # [events] insert_timeout_secs in these tests (the specified value)
 MARGIN = 0.5   # what the bound may be overrun by: scheduling, the park itself
 
 

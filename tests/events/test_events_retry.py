@@ -152,7 +152,7 @@ def test_poison_entries_are_quarantined_and_do_not_block_their_account(rig: Rig)
     assert rig.counter("events_quarantined_total", reason="expired") == 1
     assert rig.counter("events_quarantined_total", reason="permanent") == 1
     assert rig.counter("events_quarantined_total", reason="undecodable") == 2
-    assert rig.failures("lost") == 1  # the expired one, as the seed counts it
+    assert rig.failures("lost") == 1  # the expired one, counted lost as specified
     assert rig.failures("rejected") == 0
 
 

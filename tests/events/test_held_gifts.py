@@ -1,4 +1,4 @@
-"""A held gift bomb survives a crash (issue 19, item 5; the last closing note's gap 1).
+"""A held gift bomb survives a crash.
 
 The gift bomb waits in memory (GiftLinker) for its recipients; its durable
 copy in `lumio:events:held:{A}:INSTANCE` is written first. A "crash" here is

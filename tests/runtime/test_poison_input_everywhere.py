@@ -1,4 +1,4 @@
-"""Poison input never stalls an account or escapes a worker turn (issue 19, item 1).
+"""Poison input never stalls an account or escapes a worker turn.
 
 A JSON document nested tens of thousands deep, or megabytes large, reaches
 the daemon from Redis (chat buffer, chat and event dead letters), from the

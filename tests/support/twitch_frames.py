@@ -1,4 +1,4 @@
-"""Twitch EventSub event bodies and frames for the tests (our own fixtures, shaped like PROTOCOLS.md 1.8/1.9).
+"""Twitch EventSub event bodies and frames for the tests: our own fixtures (docs/platforms.rst).
 
 The corpus (../shared/corpus) is read only by the conformance test; these are
 the shapes the other tests rely on, with ids of our own. The event bodies are

@@ -1,10 +1,10 @@
-"""The HTTP listener under abuse (issue 19, item 2): slow and idle clients hold no
+"""The HTTP listener under abuse: slow and idle clients hold no
 thread, webhooks keep a reserve, per-client caps only behind a trusted proxy,
 duplicate Content-Length, SSE slots freed when the client goes away, and no
 query string in the log.
 
 The slow/idle measurements run `ABUSE_SECS` (env LUMIO_HTTP_ABUSE_SECS, 4 s by
-default; the README's figures come from 25 s) and print their figures.
+default; the figures in docs/performance.rst come from 25 s) and print their figures.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ DATABASE = "lumio"
 POST = "app.bsky.feed.post"
 LIKE = "app.bsky.feed.like"
 COLLECTIONS = (POST, LIKE)
-#: Redis as INTERFACE.md asks for it in production, so the daemon has nothing to warn about.
+#: Redis as production wants it (docs/deployment.rst, "Redis and PostgreSQL in production"),
+#: so the daemon has nothing to warn about.
 REDIS_ARGS = ("--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction")
 
 

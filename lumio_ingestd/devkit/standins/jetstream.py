@@ -4,7 +4,7 @@ Used by the tests, the benchmarks and `lumio-ingestd demo` (it needs the
 `websockets` package: the `demo` and `test` extras).
 
 It holds a list of events, each with the server's `time_us`, and serves
-`/subscribe` the way PROTOCOLS.md §7 describes Jetstream:
+`/subscribe` the way docs/platforms.rst, "The subscribe URL and the cursor", describes Jetstream:
 
 - `cursor` (unix µs): replay from the first event with time_us >= cursor, then
   stream live; no cursor, or one in the future, = live only (events added
@@ -207,7 +207,7 @@ class JetstreamStandin(StandinServers):
         return True
 
 
-# -- frame builders (the shapes of PROTOCOLS.md §7.2) ------------------------------
+# -- frame builders (the shapes of docs/platforms.rst, "Event frames") ---------------------
 
 _S32 = "234567abcdefghijklmnopqrstuvwxyz"
 

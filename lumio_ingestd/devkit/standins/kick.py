@@ -2,7 +2,7 @@
 
 Used by the tests, the benchmarks and `lumio-ingestd demo` (it needs the
 `websockets` package: the `demo` and `test` extras). What it mirrors
-(PROTOCOLS.md 4.1 and 4.2), over real sockets:
+(docs/platforms.rst, "Kick"), over real sockets:
 
 - Pusher `ws://127.0.0.1:P/app/KEY?protocol=7...`: `pusher:connection_established`
   with `activity_timeout` on connect; `pusher:subscribe` answered with
@@ -144,7 +144,7 @@ def now_text() -> str:
 
 
 def user(user_id: int, username: str, *, identity: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A webhook user object (PROTOCOLS.md 4.2)."""
+    """A webhook user object (docs/platforms.rst, "Official webhooks")."""
     return {"is_anonymous": False, "user_id": user_id, "username": username, "is_verified": False,
             "profile_picture": "", "channel_slug": username.lower(), "identity": identity}
 

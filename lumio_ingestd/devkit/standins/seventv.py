@@ -2,7 +2,7 @@
 
 Used by the tests, the benchmarks and `lumio-ingestd demo` (it needs the
 `websockets` package: the `demo` and `test` extras). What it does follows
-PROTOCOLS.md §6:
+docs/platforms.rst, "The EventAPI protocol":
 
 - EventAPI `ws://127.0.0.1:P/v3`: op 1 Hello on connect (`heartbeat_interval`,
   `session_id`, `subscription_limit`: None sends -1); op 2 Heartbeat every

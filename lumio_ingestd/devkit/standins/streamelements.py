@@ -1,7 +1,7 @@
 """A stand-in StreamElements Astro gateway: a real WebSocket server on loopback.
 
 Used by the tests and `lumio-ingestd demo` (it needs the `websockets`
-package: the `demo` and `test` extras). It speaks Astro as PROTOCOLS.md 5.1
+package: the `demo` and `test` extras). It speaks Astro as docs/platforms.rst, "The Astro protocol",
 describes it:
 
 - `welcome` on every new socket (with a `client_id`);
@@ -360,7 +360,7 @@ class AstroStandin(StandinServers):
             self._cond.notify_all()
 
 
-# -- documents (the shapes of PROTOCOLS.md 5.1; values invented) ---------------------------
+# -- documents (the shapes of docs/platforms.rst, "The Astro protocol"; values invented) -----
 
 
 def tip_doc(tip_id: str, channel: str, *, amount: float = 5.0, currency: str = "EUR",

@@ -3,7 +3,7 @@
 Used by the tests, the benchmarks and `lumio-ingestd demo` (it needs the
 `websockets` package: the `demo` and `test` extras).
 
-It mirrors what PROTOCOLS.md (sections 1-3) and the twitch-cli mock server
+It mirrors what docs/platforms.rst ("Twitch") and the twitch-cli mock server
 document, over real sockets:
 
 - WebSocket `ws://127.0.0.1:P/ws`: a `session_welcome` on connect, with the

@@ -1,4 +1,4 @@
-"""Twitch EventSub `event` bodies, shaped like PROTOCOLS.md 1.8/1.9, with ids the caller picks.
+"""Twitch EventSub `event` bodies (docs/platforms.rst, "Subscriptions"), with ids the caller picks.
 
 What the stand-in Twitch sends inside a notification: the tests build their
 frames from these, and `lumio-ingestd demo` its traffic. Every builder takes

@@ -2,7 +2,7 @@
 
 Pure functions, no I/O. Both paths map through here so that one chat
 message or event seen on the socket and on a webhook becomes one row
-(INTERFACE.md, "Wave 2 additions", Kick):
+(docs/platforms.rst, "What the rows look like", Kick):
 
 - Chat: `message_id` = Kick's message id (Pusher `data.id`, webhook
   `message_id`), `created_at` = Kick's `created_at` cut to the whole second

@@ -1,7 +1,7 @@
 """Kick's webhook signature: RSA PKCS#1 v1.5 with SHA-256, verified with the standard library.
 
 Kick signs `{Kick-Event-Message-Id}.{Kick-Event-Message-Timestamp}.{raw body}`
-and sends the base64 signature in `Kick-Event-Signature` (PROTOCOLS.md 4.2).
+and sends the base64 signature in `Kick-Event-Signature` (docs/platforms.rst, "Official webhooks").
 Verification needs only the public key, so it is done here without a crypto
 package: the PEM's SubjectPublicKeyInfo is read with a small DER reader, the
 signature raised to the public exponent (`pow(s, e, n)`), and the result

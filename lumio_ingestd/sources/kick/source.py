@@ -1,6 +1,6 @@
 """`KickSource`: one account's Pusher socket (Kick's chat WebSocket), one thread.
 
-Pusher protocol 7 (PROTOCOLS.md 4.1): the server opens with
+Pusher protocol 7 (docs/platforms.rst, "The Pusher socket"): the server opens with
 `pusher:connection_established` (its `activity_timeout`); the source then
 subscribes to `chatrooms.<kick_chatroom_id>.v2` and, when configured,
 `channel.<kick_channel_id>`, at once and again after every reconnect (Kick

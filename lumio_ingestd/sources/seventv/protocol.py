@@ -1,6 +1,6 @@
 """The 7TV EventAPI v3 wire protocol and the emote-set mapping (pure: no I/O).
 
-Frames (PROTOCOLS.md §6) are `{"op", "t", "d", "s"?}` JSON text. `decode()`
+Frames (docs/platforms.rst, "The EventAPI protocol") are `{"op", "t", "d", "s"?}` JSON text. `decode()`
 turns one into a `Hello`, `Heartbeat`, `Reconnect`, `Ack`, `ErrorFrame`,
 `EndOfStream` or `Dispatch`, or raises `BadFrame` with a short reason (the
 metric label) and a detail (the log): not JSON, not an object, a client

@@ -32,7 +32,7 @@ A socket, on every (re)connect:
 
 Liveness: the server sends op 2 every `heartbeat_interval`; when a read finds
 nothing and nothing arrived for three intervals, the connection is dead.
-Ending and close codes (PROTOCOLS.md §6):
+Ending and close codes (docs/platforms.rst, "The EventAPI protocol"):
 
     op 4 Reconnect, 4012 (lifetime), 4000, 4006, 4008   reconnect at once (jitter)
     4007 maintenance                                    wait >= `maintenance_wait_secs` (5 min)

@@ -1,10 +1,10 @@
 """The StreamElements Astro gateway: frames, requests, tokens, and tips/activities into events.
 
-Pure functions, no I/O (PROTOCOLS.md 5.1). The source reads and writes the
+Pure functions, no I/O (docs/platforms.rst, "The Astro protocol"). The source reads and writes the
 socket; everything that decides what a frame means lives here, so the
 conformance test and the mapping tests run it without a socket.
 
-Mapping (INTERFACE.md, "Wave 2 additions", StreamElements), one `events` row
+Mapping (docs/platforms.rst, "What is stored"), one `events` row
 per document, `platform` = `streamelements`, `created_at` = the document's
 `createdAt` (the frame's `ts` only when that is missing):
 

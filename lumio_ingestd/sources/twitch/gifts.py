@@ -8,7 +8,7 @@ link is made by arrival: a gifted sub belongs to the oldest open gift of the
 same channel and tier that still has room, and a gifted sub that arrives
 before its gift waits (as an "orphan") for a gift that claims it.
 
-How the rows come out (INTERFACE.md: every notification is its own row):
+How the rows come out (docs/platforms.rst, "What the rows look like": every notification is its own row):
 
 - every `channel.subscribe` is persisted at once as its own event, like any
   other notification; when it is a gifted one it is also offered here;
@@ -18,7 +18,7 @@ How the rows come out (INTERFACE.md: every notification is its own row):
   recipient's user id and login, and in the payload the recipient's own
   event id and external id). Holding the gift instead of writing it first
   means the recipients are written in the same transaction as the gift, and
-  parked with it when the database is down (DESIGN.md, "Beyond the seed" 4),
+  parked with it when the database is down (docs/architecture.rst, "Held gift bombs"),
   instead of being follow-up writes to a row that may not be there yet;
 - the bomb is counted once (`events_gift_bombs`) when the gift is stored,
   however many recipients it has; recipients are counted as linked or not.

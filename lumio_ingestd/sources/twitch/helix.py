@@ -1,7 +1,7 @@
 """Creating EventSub subscriptions through Helix, with the conditions Twitch's reference names.
 
 `SUBSCRIPTIONS` is what every account subscribes to; `condition_for` fills
-the condition from the broadcaster's user id (INTERFACE.md): the two chat
+the condition from the broadcaster's user id (docs/platforms.rst, "Subscriptions"): the two chat
 types read as the broadcaster (`user_id` = the broadcaster), `channel.follow`
 v2 moderates as the broadcaster, `channel.raid` is about raids *to* the
 channel. The WebSocket transport needs the user token of that broadcaster.

@@ -2,7 +2,7 @@
 
 Pure functions, no I/O: the WebSocket session and the webhook receiver both
 map through here, so a notification becomes the same rows whichever way it
-came (INTERFACE.md, "Details that other services and tests rely on"):
+came (docs/platforms.rst, "What the rows look like", Twitch):
 
 - `channel.chat.message` is chat: `message_id` = the event's `message_id`
   (not the delivery id), `created_at` = the delivery timestamp

@@ -10,7 +10,7 @@ gift linking, stream sessions) one at a time.
 
 When the connection ends it reconnects to the base URL with jittered
 exponential backoff (the Source base) and subscribes again; the close codes
-are handled as Twitch documents them (PROTOCOLS.md 1.4):
+are handled as Twitch documents them (docs/platforms.rst, "Close codes"):
 
     4000 internal server error       reconnect with backoff, resubscribe
     4001 client sent inbound traffic  a bug here (nothing is ever sent):
@@ -76,7 +76,7 @@ GIFT_WINDOW_SECS = 3.0
 SUBSCRIBE_WINDOW_SECS = 10.0
 _VALIDATE_CHECK_SECS = 60.0
 
-# What each close code means, and how loud it is (PROTOCOLS.md 1.4).
+# What each close code means, and how loud it is (docs/platforms.rst, "Close codes").
 CLOSE_CODES: dict[int, tuple[str, int]] = {
     4000: ("Twitch had an internal server error", logging.WARNING),
     4001: ("Twitch says this client sent inbound traffic; it never sends data frames, so this "

@@ -1,6 +1,6 @@
 """Jetstream frame decoding, the subscribe URL and the rewound cursor (pure functions).
 
-The fixtures are our own, in the shapes of PROTOCOLS.md §7.2; the published
+The fixtures are our own, in the shapes of docs/platforms.rst, "Event frames"; the published
 frames are checked in test_corpus_jetstream.py.
 """
 

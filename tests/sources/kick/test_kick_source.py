@@ -1,6 +1,6 @@
 """The Kick Pusher source against the stand-in Kick over real sockets, into real Redis + PostgreSQL.
 
-Covers PROTOCOLS.md 4.1 as issue 12 asks: subscriptions within 5 s of
+Covers the Pusher socket as docs/platforms.rst describes it: subscriptions within 5 s of
 `connection_established` (and again after every reconnect), chat and events
 stored with the documented types, the same gift seen on two channels counted
 once, stream sessions opened and closed, ping/pong both ways, a dead

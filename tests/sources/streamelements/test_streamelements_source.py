@@ -1,6 +1,6 @@
 """The StreamElements source against the stand-in Astro gateway over real sockets, real Redis + PostgreSQL.
 
-Covers PROTOCOLS.md 5.1 as the daemon must follow it: subscribes right after
+Covers the Astro protocol (docs/platforms.rst) as the daemon must follow it: subscribes right after
 the welcome (token, token type, room, a nonce each, the canonical room from the
 response), pings answered (and the stand-in closing a client that does not),
 the graceful reconnect with its token (no resubscribe) and its fallback,

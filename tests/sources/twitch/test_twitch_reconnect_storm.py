@@ -1,4 +1,4 @@
-"""Reconnect storms (issue 19, item 4).
+"""Reconnect storms.
 
 Forced reconnects of a Twitch socket (4000 closes and dropped connections
 alternating), each right after the new session subscribed: every one of those

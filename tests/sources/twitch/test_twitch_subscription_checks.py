@@ -1,4 +1,4 @@
-"""Platform input is checked against the subscription (issue 19, item 3).
+"""Platform input is checked against the subscription.
 
 A notification on an account's EventSub socket whose subscription names
 another channel, or whose type the source never subscribed to, is refused,
