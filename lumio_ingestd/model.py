@@ -12,6 +12,13 @@ value is as `ChatMessage.create` leaves it (no NUL, no lone surrogate, within
 its cap), which lets the flusher hand them to PostgreSQL unread
 (chat/store.py). Version 1 chat entries, written by older daemons, are read
 and repaired field by field as before.
+
+Below the messages and events: the types that cross the line between a
+source and the runtime (docs/architecture.rst, "The layering rule"), so that
+neither side imports the other: what became of an event (`PersistResult`),
+a stream going online or offline (`StreamChange`, `OpenSession`), and the
+verdict on a failed database write (`Kind`, `Classified`, made by
+`db.errors.classify`). Nothing durable lives here.
 """
 
 from __future__ import annotations
@@ -471,6 +478,9 @@ class PlatformEvent:
         except _DECODE_ERRORS as exc:
             raise EntryError(f"event entry is incomplete or malformed: {exc!r}"[:300]) from exc
 
+
+
+# --------------------------------------------------------------------------- handed over
 
 @dataclass(frozen=True, slots=True)
 class StreamChange:

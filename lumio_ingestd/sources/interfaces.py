@@ -5,7 +5,7 @@ hands chat and events over and keeps its state through these; it is given
 implementations at construction (`runtime/build.py`) and never imports a
 store class, a Redis client or a database pool. The implementations live in
 chat/, events/ and stores/ and match these protocols by shape, without
-importing this module. `tests/sources/test_layering.py` imports every module
+importing this module. `tests/architecture/test_layering.py` imports every module
 under sources/ in a fresh interpreter and fails if redis or psycopg2 loads.
 
 Nothing durable lives here: each protocol says what is durable when its

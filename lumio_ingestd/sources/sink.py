@@ -19,10 +19,9 @@ Durable when `persist` returns: whatever its `PersistResult` says.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from lumio_ingestd.model import PersistResult, PlatformEvent, StreamChange, offline_external_id
-from lumio_ingestd.sources.interfaces import Alerts, SessionStore
+from lumio_ingestd.sources.interfaces import Alerts, PersistEvent, SessionStore
 
 #: The outcomes that mean: this delivery was taken now (and is announced).
 TAKEN = ("stored", "parked", "spooled")
@@ -31,7 +30,7 @@ TAKEN = ("stored", "parked", "spooled")
 
 
 class EventSink:
-    def __init__(self, persist_event: Callable[[PlatformEvent], PersistResult], *,
+    def __init__(self, persist_event: PersistEvent, *,
                  alerts: Alerts | None, sessions: SessionStore | None) -> None:
         self._persist_event = persist_event
         self._alerts = alerts

@@ -35,8 +35,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import ChatMessage
-from lumio_ingestd.sources.interfaces import SeenIds
+from lumio_ingestd.sources.interfaces import PersistChat, SeenIds
 from lumio_ingestd.sources.kick.mapping import (
     BUCKET_SECS,
     PLATFORM,
@@ -65,7 +64,7 @@ H_SUBSCRIPTION = "Kick-Event-Subscription-Id"
 
 class KickWebhook:
     def __init__(self, key: RsaPublicKey, accounts: Mapping[str, int], sink: EventSink,
-                 chat: Callable[[ChatMessage], str], seen: SeenIds, metrics: Metrics, *,
+                 chat: PersistChat, seen: SeenIds, metrics: Metrics, *,
                  max_age_secs: float = 600.0, bucket_secs: int = BUCKET_SECS,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._key = key

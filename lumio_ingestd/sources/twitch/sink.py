@@ -19,18 +19,16 @@ Durable when `persist` returns: whatever its `PersistResult` says.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PersistResult, PlatformEvent, StreamChange
-from lumio_ingestd.sources.interfaces import Alerts, HeldCopies, SessionStore
+from lumio_ingestd.sources.interfaces import Alerts, HeldCopies, PersistEvent, SessionStore
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.mapping import GIFT_TYPE, PLATFORM, Gift, Notification
 
 
 class TwitchSink(EventSink):
-    def __init__(self, persist_event: Callable[[PlatformEvent], PersistResult], metrics: Metrics, *,
+    def __init__(self, persist_event: PersistEvent, metrics: Metrics, *,
                  alerts: Alerts | None, sessions: SessionStore | None,
                  held: HeldCopies | None = None) -> None:
         super().__init__(persist_event, alerts=alerts, sessions=sessions)

@@ -46,9 +46,8 @@ from datetime import UTC, datetime
 from lumio_ingestd.config import Secret
 from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import ChatMessage
 from lumio_ingestd.sources.base import BadFrame
-from lumio_ingestd.sources.interfaces import FrameSink, SeenIds
+from lumio_ingestd.sources.interfaces import FrameSink, PersistChat, SeenIds
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
 from lumio_ingestd.sources.twitch.helix import SUBSCRIPTIONS
 from lumio_ingestd.sources.twitch.mapping import (
@@ -85,7 +84,7 @@ def signature(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
 
 class TwitchWebhook:
     def __init__(self, secret: Secret | None, accounts: Mapping[str, int], sink: TwitchSink,
-                 chat: Callable[[ChatMessage], str], seen: SeenIds,
+                 chat: PersistChat, seen: SeenIds,
                  metrics: Metrics, *, gift_wait_secs: float = GIFT_WAIT_SECS,
                  max_age_secs: float = MAX_AGE_SECS, types: Iterable[str] | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
