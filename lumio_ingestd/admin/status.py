@@ -10,7 +10,7 @@ It reads, and never changes:
   and the Jetstream cursors with their lag;
 - the local spool (`spool.inspect`, without its lock): size, records, the
   oldest record, and which process holds it;
-- the local daemon's snapshot `STATE_DIR/status.json` (`localstate.py`): its
+- the local daemon's snapshot `STATE_DIR/status.json` (`runtime/localstate.py`): its
   phase and each source's state, last connect, last error and reconnects.
 
 Each part is read on its own: Redis down still shows the database, the spool
@@ -158,7 +158,7 @@ def _read_redis(client: redis.Redis, now: float, out: dict[str, Any]) -> None:
     for key in sorted(leases):
         value, pttl = next(replies), next(replies)
         token = value.decode("utf-8", "replace") if isinstance(value, bytes) else None
-        # A lease token is "OWNER:RANDOM" (lease.py); the owner is an instance id.
+        # A lease token is "OWNER:RANDOM" (cluster/lease.py); the owner is an instance id.
         holder = token.rsplit(":", 1)[0] if token and ":" in token else token
         out["leases"].append({"lease": key, "holder": holder, "ttl_secs": ttl(pttl)})
     for name, _, _ in LISTS:

@@ -182,7 +182,7 @@ class ChatFlusher(IntervalWorker):
         self._redis = Outage("Redis (chat flush)", log)
         self._db = Outage("database (chat flush)", log)
         self._backlog = False
-        # `shard = auto`: the membership's rendezvous decides (membership.py).
+        # `shard = auto`: the membership's rendezvous decides (cluster/membership.py).
         self._owns = owns
 
     # -- the worker --------------------------------------------------------------

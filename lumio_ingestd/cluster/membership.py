@@ -19,7 +19,7 @@ holding the owner's instance id with the heartbeat's TTL:
 - the keys of the accounts held are renewed every turn; a dead replica's keys
   expire with its heartbeat, and the new owners take them on their next turn.
 
-The main thread (app.py) reads `target()` and moves the account workers to
+The main thread (runtime/app.py) reads `target()` and moves the account workers to
 it, then calls `settled()`. Nothing durable lives here.
 """
 

@@ -199,7 +199,7 @@ class App:
         self._last_status = ""
         self._status_at = 0.0
         self._previous_excepthook = threading.excepthook
-        # STATE_DIR/status.json, for `lumio-ingestd status` (see localstate.py).
+        # STATE_DIR/status.json, for `lumio-ingestd status` (see runtime/localstate.py).
         self.local_state = LocalState(cfg.daemon.state_dir, cfg.daemon.instance_id,
                                       interval_secs=_STATUS_EVERY_SECS)
 

@@ -28,7 +28,7 @@ the refused-frame sink, given at construction.
 Every source keeps a `SourceState`: its connection state (connecting,
 connected, backoff, stopped), when it last connected, its last error and how
 often it connected, failed and lost the connection. The source's thread writes
-it; the daemon's status snapshot (`localstate.py`) reads it from the main
+it; the daemon's status snapshot (`runtime/localstate.py`) reads it from the main
 thread, so it is guarded by a lock. The `source_state{platform,state}` gauge
 counts the sources in each state.
 
@@ -166,7 +166,7 @@ class SourceState:
             return self._state
 
     def snapshot(self) -> dict[str, Any]:
-        """The record as JSON-ready values (see `localstate.py` for the file it goes to)."""
+        """The record as JSON-ready values (see `runtime/localstate.py` for the file it goes to)."""
         with self._lock:
             return {
                 "platform": self._platform, "state": self._state, "since": self._since,

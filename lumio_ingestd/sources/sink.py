@@ -9,7 +9,7 @@ of them store and announce an event the same way:
   already had); a `StreamChange` then opens or closes `stream_sessions`.
 - An offline change is keyed by the stream it ends before it is persisted:
   `external_id` = `offline_external_id(stream id)`, the stream from the
-  change itself or else `SessionStore.stream_before` (sessions.py). The
+  change itself or else `SessionStore.stream_before` (stores/sessions.py). The
   stream-status poller keys its offline the same way, so both paths give
   one row. Without a known stream the event keeps the id its mapping gave.
 

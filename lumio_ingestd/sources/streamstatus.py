@@ -27,7 +27,7 @@ for it.
 What a round does with the answers (per polled account):
 
 - live: a sample (viewers, title, category) for the minute statistics
-  (streamstats.py); a stream the poller does not track yet is stored as a
+  (events/streamstats.py); a stream the poller does not track yet is stored as a
   `stream.online` event through the `EventSink` (persist_event, the live
   alert, `stream_sessions`) with the stream id as `external_id`, as the
   socket does: if the socket stored it first, it is a duplicate and nothing
@@ -36,7 +36,7 @@ What a round does with the answers (per polled account):
   (from the socket, or from before a restart) older than
   `start_grace_secs`, is closed after `offline_polls` (2) consecutive offline
   answers: a `stream.offline` event keyed `offline_external_id(stream id)`
-  (sessions.py; the socket's offline gets the same key in the `EventSink`),
+  (stores/sessions.py; the socket's offline gets the same key in the `EventSink`),
   at the last time the poller saw it live (or, for a session it never saw
   live, the first offline answer). One offline blip does not close it.
 

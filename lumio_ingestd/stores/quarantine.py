@@ -4,7 +4,7 @@ An entry in `lumio:chat:quarantine:{ACCOUNT}` or `lumio:events:quarantine:{ACCOU
 is the original stored entry (a JSON object) plus `reason`, `sqlstate` and
 `quarantined_at`; an entry that was not even JSON is kept as `raw`. Nothing
 expires here: an operator inspects, repairs and re-queues, or deletes
-(`lumio-ingestd quarantine`, see `quarantine_admin.py`).
+(`lumio-ingestd quarantine`, see `admin/quarantine.py`).
 """
 
 from __future__ import annotations

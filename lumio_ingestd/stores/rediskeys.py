@@ -65,7 +65,7 @@ def instance_claim(instance: str) -> str:
 
 
 def account_owner(account_id: int) -> str:
-    """`shard = auto`: the instance running the account's sources (membership.py)."""
+    """`shard = auto`: the instance running the account's sources (cluster/membership.py)."""
     return f"lumio:owner:{{{account_id}}}"
 
 

@@ -14,7 +14,7 @@ cannot starve the webhooks (measured: 100 trickling connections let through
 Why not waitress (which works the same way): the daemon keeps to four
 run-time dependencies, and it needs things a WSGI server does not give:
 Server-Sent Events on the request thread with the stream closed at shutdown
-after the requests in flight (the shutdown stages in app.py), the request
+after the requests in flight (the shutdown stages in runtime/app.py), the request
 slots shared with a reserve for webhooks, and its own limits and metrics.
 The loop below is ~300 lines of standard library.
 

@@ -520,7 +520,7 @@ class SevenTvSource(Worker):
         return self.turn_secs
 
     def child_sources(self) -> list[SevenTvSocket]:
-        """The sockets, for the status snapshot (localstate.py): each has its own state."""
+        """The sockets, for the status snapshot (runtime/localstate.py): each has its own state."""
         return list(self.sockets)
 
     def healthy(self, now: float | None = None) -> bool:
