@@ -9,7 +9,7 @@ DURATION ?= 0
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: test lint typecheck pytest promtool clean venv demo bench soak
+.PHONY: test lint typecheck pytest promtool clean venv demo bench soak docs
 
 venv: $(STAMP)
 
@@ -62,7 +62,6 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 # The generated blocks of docs/ (configuration keys, metrics), rewritten from the code.
-.PHONY: docs
 docs: $(STAMP)
 	PYTHONPATH=. $(BIN)/python tools/config_docs.py
 	PYTHONPATH=. $(BIN)/python tools/metrics_docs.py
