@@ -17,11 +17,19 @@ Each part is read on its own: Redis down still shows the database, the spool
 and the snapshot, and the exit code (69) says that something could not be
 read. `--json` prints `collect()`'s document, whose shape (`"v": 1`) is
 stable: keys are only ever added. Nothing durable happens here.
+
+Every value read may have been left by another writer, an older version or a
+person: a time that is no time (milliseconds where seconds belong, NaN,
+1e999, -1e20), a pid that is no pid. Such a value is shown as unreadable
+(None in the JSON, with a `problem` saying what it was, and a warning in the
+log) and the rest is printed as usual; it never stops the command.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,11 +65,34 @@ LISTS = (
 )
 _INSTANCE_PREFIX = "lumio:instance:"
 
+log = logging.getLogger("lumio_ingestd.status")
 
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
+
+def _number(value: object) -> float | None:
+    """A finite number, or None (bools, strings, NaN and infinities are no figure)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _count(value: object) -> int:
+    """A counter from the snapshot: a non-negative int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _iso(ts: object) -> str | None:
+    """Unix seconds as ISO 8601 UTC; None for anything that is not a time datetime can hold."""
+    secs = _number(ts)
+    if secs is None:
+        return None
+    try:
+        return datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    except (ValueError, OverflowError, OSError):  # before year 1 or after 9999
+        return None
 
 
 def _error(exc: BaseException) -> str:
@@ -149,12 +180,24 @@ def _read_redis(client: redis.Redis, now: float, out: dict[str, Any]) -> None:
 
     for key in sorted(instances):
         value, pttl = next(replies), next(replies)
-        beat = parse_heartbeat(value if isinstance(value, bytes) else None)
+        instance = key[len(_INSTANCE_PREFIX):]
+        if isinstance(value, bytes) or value is None:
+            beat = parse_heartbeat(value)
+            problem = beat.problem
+        else:  # WRONGTYPE: the key is no string
+            beat = parse_heartbeat(None)
+            problem = f"unreadable: {_error(value) if isinstance(value, Exception) else value}"
+        last_beat = _iso(beat.at)
+        if beat.at is not None and last_beat is None:
+            problem = f"unreadable time {beat.at!r}"
+        if problem:
+            log.warning("status: the heartbeat of instance %r (%s) is %s; shown as unreadable",
+                        instance, key, problem)
         out["instances"].append({
-            "instance": key[len(_INSTANCE_PREFIX):], "pid": beat.pid, "host": beat.host,
-            "last_beat": _iso(beat.at),
-            "age_secs": round(max(0.0, now - beat.at), 3) if beat.at is not None else None,
-            "ttl_secs": ttl(pttl)})
+            "instance": instance, "pid": beat.pid, "host": beat.host,
+            "last_beat": last_beat,
+            "age_secs": round(max(0.0, now - beat.at), 3) if last_beat and beat.at else None,
+            "ttl_secs": ttl(pttl), "problem": problem})
     for key in sorted(leases):
         value, pttl = next(replies), next(replies)
         token = value.decode("utf-8", "replace") if isinstance(value, bytes) else None
@@ -199,8 +242,12 @@ def _database(cfg: Config, now: float) -> dict[str, Any]:
                 cur.execute("SELECT name, time_us, updated_at FROM jetstream_cursor ORDER BY name")
                 for name, time_us, updated_at in cur.fetchall():
                     at = int(time_us) / 1_000_000
-                    cursors.append({"name": str(name), "time_us": int(time_us), "cursor_at": _iso(at),
-                                    "lag_secs": round(max(0.0, now - at), 3),
+                    cursor_at = _iso(at)
+                    if cursor_at is None:
+                        log.warning("status: the Jetstream cursor %r holds %d, which is no time "
+                                    "in microseconds; shown as unreadable", name, time_us)
+                    cursors.append({"name": str(name), "time_us": int(time_us), "cursor_at": cursor_at,
+                                    "lag_secs": round(max(0.0, now - at), 3) if cursor_at else None,
                                     "updated_at": _iso(updated_at.timestamp()) if updated_at else None})
             except psycopg2.errors.UndefinedTable:
                 pass
@@ -240,10 +287,12 @@ def _daemon(cfg: Config, now: float) -> dict[str, Any]:
                            "written_at": None, "age_secs": None, "sources": [], "workers": []}
     if doc is None:
         return out
-    written = doc.get("written_at")
-    age = max(0.0, now - written) if isinstance(written, (int, float)) else None
-    interval = doc.get("interval_secs")
-    fresh_for = 3 * interval + 5 if isinstance(interval, (int, float)) else 15.0
+    written = _number(doc.get("written_at"))
+    if _iso(written) is None:
+        written = None
+    age = max(0.0, now - written) if written is not None else None
+    interval = _number(doc.get("interval_secs"))
+    fresh_for = 3 * interval + 5 if interval is not None and interval > 0 else 15.0
     running = (doc.get("phase") != "stopped" and pid_running(doc.get("pid"))
                and age is not None and age <= fresh_for)
     if not running and doc.get("phase") != "stopped":
@@ -257,11 +306,13 @@ def _daemon(cfg: Config, now: float) -> dict[str, Any]:
             "name": s.get("name"), "platform": s.get("platform"), "state": s.get("state"),
             "since": _iso(s.get("since")), "last_connect": _iso(s.get("last_connect")),
             "last_error": s.get("last_error"), "last_error_at": _iso(s.get("last_error_at")),
-            "connects": s.get("connects", 0), "reconnects": s.get("reconnects", 0),
-            "connect_failures": s.get("connect_failures", 0), "disconnects": s.get("disconnects", 0)})
-    out.update({"running": running, "instance": doc.get("instance"), "pid": doc.get("pid"),
-                "phase": doc.get("phase"), "written_at": _iso(written if isinstance(written, float | int)
-                                                              else None),
+            "connects": _count(s.get("connects")), "reconnects": _count(s.get("reconnects")),
+            "connect_failures": _count(s.get("connect_failures")),
+            "disconnects": _count(s.get("disconnects"))})
+    pid = doc.get("pid")
+    out.update({"running": running, "instance": doc.get("instance"),
+                "pid": pid if 0 < _count(pid) < 1 << 31 else None,
+                "phase": doc.get("phase"), "written_at": _iso(written),
                 "age_secs": round(age, 3) if age is not None else None, "sources": sources,
                 "workers": [{"name": w.get("name"), "alive": bool(w.get("alive")),
                              "healthy": bool(w.get("healthy"))}
@@ -272,8 +323,19 @@ def _daemon(cfg: Config, now: float) -> dict[str, Any]:
 # --------------------------------------------------------------------------- rendering
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by None: JSON has no such numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def to_json(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, ensure_ascii=False, sort_keys=True, indent=2)
+    return json.dumps(_finite(doc), ensure_ascii=False, sort_keys=True, indent=2, allow_nan=False)
 
 
 def _cut(text: object, width: int) -> str:
@@ -288,8 +350,9 @@ def _path(text: object, width: int) -> str:
 
 
 def _age(secs: object) -> str:
-    if not isinstance(secs, (int, float)):
+    if _number(secs) is None:
         return "-"
+    assert isinstance(secs, (int, float))
     s = int(secs)
     if s < 120:
         return f"{secs:.1f}s" if s < 10 else f"{s}s"
@@ -362,9 +425,12 @@ def _render_redis(o: _Out, r: dict[str, Any]) -> None:
         return
     o.add(f"  instances ({len(r['instances'])})" + ("" if r["instances"] else ": none alive"))
     for i in r["instances"]:
+        beat = ("unreadable" if i.get("problem") else "unknown") if i["age_secs"] is None \
+            else _age(i["age_secs"]) + " ago"
         o.add(f"    {_cut(i['instance'], 36):<36} pid {_cut(i['pid'], 8):<8} "
-              f"last beat {_age(i['age_secs']) + ' ago' if i['age_secs'] is not None else 'unknown':>11}"
-              f"  ttl {_age(i['ttl_secs'])}")
+              f"last beat {beat:>11}  ttl {_age(i['ttl_secs'])}")
+        if i.get("problem"):
+            o.add(f"      heartbeat {_cut(i['problem'], 84)}")
     o.add(f"  leases ({len(r['leases'])})" + ("" if r["leases"] else ": none held"))
     for lease in r["leases"]:
         o.add(f"    {_cut(lease['lease'], 40):<40} held by {_cut(lease['holder'], 30):<30} "
@@ -404,7 +470,8 @@ def _render_database(o: _Out, d: dict[str, Any]) -> None:
     cursors = d["jetstream_cursors"]
     o.add(f"  jetstream cursors ({len(cursors)})" + ("" if cursors else ": none saved"))
     for c in cursors:
-        o.add(f"    {_cut(c['name'], 30):<30} at {c['cursor_at']}  lag {_age(c['lag_secs'])}")
+        o.add(f"    {_cut(c['name'], 30):<30} at {c['cursor_at'] or 'an unreadable time'}  "
+              f"lag {_age(c['lag_secs'])}")
 
 
 def spool_lines(section: dict[str, Any]) -> list[str]:

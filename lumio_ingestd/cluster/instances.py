@@ -41,15 +41,40 @@ def heartbeat_value(now: float | None = None) -> bytes:
                       separators=(",", ":")).encode()
 
 
+#: The latest `at` a heartbeat can hold and still be Unix seconds (9999-12-31): a value in
+#: milliseconds (about 1.7e12) is past it, and so are 1e999 (infinity) and NaN.
+_LATEST_AT = 253_402_300_799.0
+
+
 @dataclass(frozen=True, slots=True)
 class HeartbeatInfo:
     pid: int | None
     host: str | None
     at: float | None  # Unix seconds of the last beat, when the value says
+    problem: str | None = None  # why the value, or part of it, could not be read
+
+
+def _seconds(value: object) -> float | None:
+    """`value` as Unix seconds, or None when it is no time a heartbeat can hold."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        at = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return at if 0.0 <= at <= _LATEST_AT else None  # NaN fails both comparisons
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "~"
 
 
 def parse_heartbeat(raw: bytes | None) -> HeartbeatInfo:
-    """Read a heartbeat value; older formats (`pid=N`, a bare Unix time) are understood too."""
+    """Read a heartbeat value; older formats (`pid=N`, a bare Unix time) are understood too.
+
+    Another writer may have left anything under the key: what cannot be read is
+    None, and `problem` says what it was, so a reader shows it and goes on."""
     if raw is None:
         return HeartbeatInfo(None, None, None)
     text = raw.decode("utf-8", "replace").strip()
@@ -59,14 +84,19 @@ def parse_heartbeat(raw: bytes | None) -> HeartbeatInfo:
         obj = None
     if isinstance(obj, dict):
         pid, host, at = obj.get("pid"), obj.get("host"), obj.get("at")
-        return HeartbeatInfo(pid if isinstance(pid, int) else None,
-                             host if isinstance(host, str) else None,
-                             float(at) if isinstance(at, (int, float)) else None)
-    if isinstance(obj, (int, float)):
-        return HeartbeatInfo(None, None, float(obj))
-    if text.startswith("pid=") and text[4:].isdigit():
+        seconds = _seconds(at)
+        return HeartbeatInfo(
+            pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 31 else None,
+            host if isinstance(host, str) else None, seconds,
+            None if seconds is not None or at is None
+            else f"unreadable time {_shown(at)} (not Unix seconds)")
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        seconds = _seconds(obj)
+        return HeartbeatInfo(None, None, seconds, None if seconds is not None
+                             else f"unreadable time {_shown(obj)} (not Unix seconds)")
+    if text.startswith("pid=") and text[4:].isascii() and text[4:].isdigit() and len(text) < 16:
         return HeartbeatInfo(int(text[4:]), None, None)
-    return HeartbeatInfo(None, None, None)
+    return HeartbeatInfo(None, None, None, f"unreadable value {_shown(text)}")
 
 
 #: This process's claim token: host and pid (so a restart on the same host can

@@ -137,11 +137,11 @@ def read_snapshot(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def pid_running(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: no pid is that large
         return False
     except PermissionError:  # another user's process: it exists
         return True

@@ -65,7 +65,7 @@ SCHEMA: dict[str, Any] = {
     "redis": {
         "ok": bool, "error": OPT_STR,
         "instances": [{"instance": str, "pid": OPT_INT, "host": OPT_STR, "last_beat": OPT_STR,
-                       "age_secs": OPT_NUM, "ttl_secs": OPT_NUM}],
+                       "age_secs": OPT_NUM, "ttl_secs": OPT_NUM, "problem": OPT_STR}],
         "leases": [{"lease": str, "holder": OPT_STR, "ttl_secs": OPT_NUM}],
         "lists": {name: _LIST for name in (
             "chat_buffer", "chat_inflight", "chat_deadletter", "chat_quarantine",
@@ -425,4 +425,77 @@ def test_the_heartbeat_says_who_beat_and_when_and_sets_its_gauge(redis_url: str)
     assert value["pid"] == os.getpid() and value["host"] == socket.gethostname()
     assert before - 1 <= value["at"] <= time.time() + 1
     assert before - 1 <= gauge(metrics, "instance_heartbeat_timestamp_seconds") <= time.time() + 1
+    client.close()
+
+
+# Heartbeat values another writer may leave: none of them is a time status can show.
+ODD_HEARTBEATS = {
+    "odd-ms": b'{"pid":11,"host":"h","at":1767225600123}',      # milliseconds
+    "odd-inf": b'{"pid":12,"host":"h","at":1e999}',             # infinity once parsed
+    "odd-nan": b'{"pid":13,"host":"h","at":NaN}',
+    "odd-neg": b'{"pid":14,"host":"h","at":-1e20}',
+    "odd-bare": b"1e999",                                        # the bare-number format
+    "odd-text": b"\xff\xfegarbage",
+    "odd-pid": b'{"pid":true,"host":"h","at":"soon"}',
+}
+
+
+def test_status_shows_odd_heartbeat_values_as_unreadable_and_goes_on(
+        tmp_path: Path, pg_url: str, pg_dsn: str, redis_url: str) -> None:
+    cfg = config(tmp_path, pg_url, redis_url)
+    migrate(cfg.timescale)
+    client = redis.Redis.from_url(redis_url)
+    for name, value in ODD_HEARTBEATS.items():
+        client.set(rediskeys.instance_heartbeat(name), value, px=60_000)
+    client.hset(rediskeys.instance_heartbeat("odd-hash"), "at", "1")  # not even a string
+    Heartbeat(client, "fine", 30.0).beat(force=True)
+    push(client, rediskeys.chat_buffer(7), 3)
+    # The same class of value in the database: a cursor far beyond year 9999.
+    with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO jetstream_cursor (name, time_us) VALUES ('odd', %s)",
+                    (9_000_000_000_000_000_000,))
+    conn.close()
+    # And in the local snapshot: NaN and infinite times, a pid no process can have.
+    snap = snapshot_path(cfg.daemon.state_dir)
+    snap.parent.mkdir(parents=True, exist_ok=True)
+    snap.write_text('{"v": 1, "phase": "ingesting", "pid": 99999999999999999999, '
+                    '"written_at": NaN, "interval_secs": Infinity, "instance": "inst-a", '
+                    '"sources": [{"name": "s", "since": 1e999, "last_connect": -1e20, '
+                    '"connects": "many", "reconnects": -3}], "workers": []}')
+
+    code, doc = status_json(cfg)  # valid JSON (no NaN), the promised shape
+    assert code == 0, doc
+    instances = {i["instance"]: i for i in doc["redis"]["instances"]}
+    assert set(instances) == {*ODD_HEARTBEATS, "odd-hash", "fine"}
+    for name in [*ODD_HEARTBEATS, "odd-hash"]:
+        odd = instances[name]
+        assert odd["last_beat"] is None and odd["age_secs"] is None, odd
+        assert odd["problem"] and "unreadable" in odd["problem"], odd
+        assert odd["pid"] in (None, 11, 12, 13, 14) and odd["pid"] is not True
+    assert "1767225600123" in instances["odd-ms"]["problem"]
+    assert instances["fine"]["problem"] is None and instances["fine"]["age_secs"] < 60
+    assert doc["redis"]["lists"]["chat_buffer"] == expected_list({7: 3})
+    [cursor] = doc["database"]["jetstream_cursors"]
+    assert cursor["cursor_at"] is None and cursor["lag_secs"] is None
+    daemon = doc["daemon"]
+    assert daemon["found"] and not daemon["running"] and daemon["pid"] is None
+    assert daemon["written_at"] is None and daemon["age_secs"] is None
+    [source] = daemon["sources"]
+    assert source["since"] is None and source["last_connect"] is None
+    assert source["connects"] == 0 and source["reconnects"] == 0
+
+    human = run_cli(cfg, "status")
+    assert human.returncode == 0, human.stderr
+    assert "Traceback" not in human.stderr
+    lines = human.stdout.splitlines()
+    assert all(len(line) <= 100 for line in lines), human.stdout
+    for name in [*ODD_HEARTBEATS, "odd-hash"]:
+        [line] = [x for x in lines if x.strip().startswith(name)]
+        assert "last beat  unreadable" in line, line
+    assert "heartbeat unreadable time 1767225600123 (not Unix seconds)" in human.stdout
+    assert "odd                            at an unreadable time" in human.stdout
+    assert "chat buffers" in human.stdout and "7=3" in human.stdout
+    # Each odd value is named in the log (stderr), so the operator can find and fix it.
+    for name in [*ODD_HEARTBEATS, "odd-hash"]:
+        assert f"instance {name!r}" in human.stderr, human.stderr
     client.close()
