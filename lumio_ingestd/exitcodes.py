@@ -2,6 +2,7 @@
 
 OK = 0
 USAGE = 64  # EX_USAGE: the command line is wrong
+DATAERR = 65  # EX_DATAERR: the data in Redis is not what it must be (nothing was changed)
 NOINPUT = 66  # EX_NOINPUT: nothing matched what the command was asked to act on
 UNAVAILABLE = 69  # EX_UNAVAILABLE: a required service is unavailable at start
 SOFTWARE = 70  # EX_SOFTWARE: an internal error

@@ -6,6 +6,7 @@ everything again; the exit code says how it went."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from lumio_ingestd.lifecycle import dissolve as dissolve_mod
 from lumio_ingestd.lifecycle import gdpr, retention
 from lumio_ingestd.stores.redisclient import connect
 from lumio_ingestd.stores.spool import lock_holder
+
+log = logging.getLogger("lumio_ingestd.admin")
 
 
 @contextmanager
@@ -118,7 +121,11 @@ def quarantine(cfg: Config, action: str, account: int | None, kind: str | None,
     finally:
         client.close()
     print(receipt_json(action, result, not_found))
-    return exitcodes.OK
+    for key, found in sorted(store.wrong_targets.items()):
+        log.error("quarantine requeue: %s holds a %s, not a list; its entries stay in the "
+                  "quarantine (nothing was moved): rename or remove that key, then requeue again",
+                  key, found)
+    return exitcodes.DATAERR if store.wrong_targets else exitcodes.OK
 
 
 def spool_status(cfg: Config, as_json: bool) -> int:

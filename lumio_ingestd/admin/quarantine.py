@@ -24,9 +24,14 @@ entries that the workers quarantine while this runs are appended to the same
 list and are neither touched nor lost.
 
 Entries that cannot be requeued are skipped and reported: a `raw` entry (it
-was not JSON; its original bytes are gone) and an event quarantined as
+was not JSON; its original bytes are gone), an event quarantined as
 `expired` (the retry worker judges age by the event's own created_at and
-would quarantine it again at once).
+would quarantine it again at once), and every entry whose target key holds
+something other than a list (a string, a hash, ...). A Lua script that fails
+half-way keeps what it already did, so the script checks the target's type
+before its first LREM: on a wrong type it changes nothing and says which
+type it found, and the command names the key, leaves the entries where they
+are and exits 65.
 
 Durable when `requeue` or `drop` returns: what Redis acknowledged.
 """
@@ -48,8 +53,14 @@ KINDS = ("chat", "events")
 _PAGE = 500  # entries per LRANGE page and per script call
 
 # KEYS[1] quarantine, KEYS[2] target; ARGV[1] TTL in ms for the target (0: leave it);
-# then pairs (quarantine entry, original entry). Returns one 0/1 per pair: moved or not.
+# then pairs (quarantine entry, original entry). Returns one 0/1 per pair: moved or not;
+# or, when the target exists and is no list, {"wrongtype", TYPE} having changed nothing
+# (an RPUSH failing after its LREM would lose the entry: Redis keeps a failed script's writes).
 _REQUEUE = """
+local kind = redis.call('TYPE', KEYS[2]).ok
+if kind ~= 'none' and kind ~= 'list' then
+    return {'wrongtype', kind}
+end
 local moved = {}
 local any = false
 for i = 2, #ARGV, 2 do
@@ -140,6 +151,8 @@ class Quarantines:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
+        #: Per target key, the type found there by the last `requeue` when it was not a list.
+        self.wrong_targets: dict[str, str] = {}
         self._requeue = client.register_script(_REQUEUE)
         self._drop = client.register_script(_DROP)
 
@@ -180,6 +193,7 @@ class Quarantines:
     def requeue(self, entries: Iterable[Entry]) -> dict[str, list[dict[str, Any]]]:
         """Move entries back where they came from; returns moved / gone / skipped."""
         result: dict[str, list[dict[str, Any]]] = {"moved": [], "gone": [], "skipped": []}
+        self.wrong_targets = {}
         pairs: dict[tuple[str, int], list[tuple[Entry, bytes]]] = {}
         for entry in entries:
             original = original_entry(entry.obj) if entry.obj is not None else None
@@ -199,8 +213,16 @@ class Quarantines:
                 args: list[bytes | int] = [ttl_ms]
                 for entry, original in chunk:
                     args += [entry.raw, original]
-                flags = self._requeue(keys=[quarantine_key(kind, account), target_key(kind, account)],
-                                      args=args)
+                target = target_key(kind, account)
+                flags = self._requeue(keys=[quarantine_key(kind, account), target], args=args)
+                if flags and flags[0] == b"wrongtype":
+                    found = flags[1].decode("utf-8", "replace")
+                    self.wrong_targets[target] = found
+                    result["skipped"].extend(
+                        {**entry.receipt(), "why": f"its target {target} holds a {found}, not a "
+                         "list: nothing was moved; rename or remove that key, then requeue again"}
+                        for entry, _ in chunk)
+                    continue
                 for (entry, _), flag in zip(chunk, flags, strict=True):
                     if int(flag):
                         result["moved"].append({**entry.receipt(), "to": target_key(kind, account)})

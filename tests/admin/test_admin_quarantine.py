@@ -234,3 +234,45 @@ def test_drop_removes_exactly_the_named_entries(rig: ChatRig) -> None:
     assert json.loads(everything.stdout)["drop"]["counts"]["dropped"] == 2
     assert raw_list(rig, rediskeys.chat_quarantine(1)) == [chat[0], chat[2]]
     assert not r.exists(rediskeys.events_quarantine(2))
+
+
+def test_requeue_onto_a_target_of_the_wrong_type_moves_nothing_and_names_the_key(
+        rig: ChatRig) -> None:
+    r = rig.oracle_redis()
+    chat = [quarantine_entry(m.to_entry(), "permanent", "22P02")
+            for m in make_messages(3, account=5, prefix="w")]
+    events = [quarantine_entry(event(6, n, "channel.cheer").to_entry(), "permanent", "23514")
+              for n in range(2)]
+    r.rpush(rediskeys.chat_quarantine(5), *chat)
+    r.rpush(rediskeys.events_quarantine(6), *events)
+    # Someone wrote the targets with the wrong type: a string for chat, a hash for events.
+    r.set(rediskeys.chat_buffer(5), b"oops")
+    r.hset(rediskeys.events_deadletter(6), "x", "y")
+
+    for _ in range(3):  # each retry used to lose one more entry
+        result = cli(rig, "requeue")
+        assert result.returncode == 65, (result.returncode, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert f"{rediskeys.chat_buffer(5)} holds a string, not a list" in result.stderr
+        assert f"{rediskeys.events_deadletter(6)} holds a hash, not a list" in result.stderr
+        receipt = json.loads(result.stdout)["requeue"]
+        assert receipt["counts"] == {"moved": 0, "gone": 0, "skipped": 5}
+        assert all("not a list" in s["why"] for s in receipt["skipped"])
+        assert raw_list(rig, rediskeys.chat_quarantine(5)) == chat
+        assert raw_list(rig, rediskeys.events_quarantine(6)) == events
+        assert r.get(rediskeys.chat_buffer(5)) == b"oops"
+        assert r.hgetall(rediskeys.events_deadletter(6)) == {b"x": b"y"}
+
+    # The key put right, the same command moves every entry, once.
+    r.delete(rediskeys.chat_buffer(5), rediskeys.events_deadletter(6))
+    result = cli(rig, "requeue")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["requeue"]["counts"] == {"moved": 5, "gone": 0, "skipped": 0}
+    assert len(raw_list(rig, rediskeys.chat_buffer(5))) == 3
+    assert len(raw_list(rig, rediskeys.events_deadletter(6))) == 2
+    assert not r.exists(rediskeys.chat_quarantine(5), rediskeys.events_quarantine(6))
+    rig.flusher().tick()
+    assert_exactly_once(rig.stored(), [json.loads(c)["message_id"] for c in chat])
+    worker = EventRetryWorker(rig.client, rig.pool, rig.metrics, rig.cfg, instance="test-w")
+    assert worker.run_pass().stored == 2
+    assert sorted(n for (n,) in sql(rig, "SELECT count(*) FROM events GROUP BY id")) == [1, 1]
