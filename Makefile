@@ -36,6 +36,7 @@ typecheck: $(STAMP)
 
 # The alert rules: syntax, then a unit test for every rule (promtool: Debian package `prometheus`).
 PROMTOOL ?= promtool
+export PROMTOOL  # the dashboard test runs the same promtool
 promtool:
 	@command -v $(PROMTOOL) >/dev/null 2>&1 || { echo "promtool not found: apt-get install prometheus (or PROMTOOL=/path/to/promtool)" >&2; exit 1; }
 	$(PROMTOOL) check rules monitoring/prometheus/lumio-ingestd.rules.yml
