@@ -11,6 +11,13 @@ only ever asks whether the key exists; the value is for people.
 `InstanceClaim`: which process runs as this instance id). `PROCESS_TOKEN`
 names this process in claims and in-flight lists.
 
+Claim before owning: a process runs an account only while it holds its
+instance claim. One started while Redis was down could not check the claim;
+it starts with no account (`ClaimKeeper`, or the membership with
+`shard = auto`, takes the claim once Redis answers) and, when another live
+process holds it, keeps none: the two would otherwise both run the accounts,
+since an owner key holding the instance id looks like its own to both.
+
 Nothing durable lives here.
 """
 
@@ -22,6 +29,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +38,8 @@ import redis
 from lumio_ingestd import boundedjson
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.worker import Worker
 
 log = logging.getLogger("lumio_ingestd.chat.lists")
 
@@ -157,8 +167,9 @@ class InstanceClaim:
                 self.held = False
                 if other != self._warned_of:
                     self._warned_of = other
-                    log.error("instance id %r is in use by another process (%s); this one leaves "
-                              "its in-flight chat alone", self.instance, other)
+                    log.error("instance id %r is in use by another process (%s); this one runs "
+                              "no account and leaves its in-flight chat alone until it holds the "
+                              "claim", self.instance, other)
                 return other
             self._take(keys=[self.key], args=[self.token, ttl, "1"])
             log.info("instance id %r: the previous process (%s) is gone; taking over its claim",
@@ -170,6 +181,33 @@ class InstanceClaim:
     def release(self) -> None:
         self._drop(keys=[self.key], args=[self.token])
         self.held = False
+
+
+class ClaimKeeper(Worker):
+    """With INDEX/COUNT sharding: takes and refreshes the instance claim every third of its TTL,
+    so the main thread (runtime/app.py) runs the accounts only while `held()`.
+
+    A turn Redis does not answer leaves `held()` as it was: a process that holds
+    the claim keeps its accounts through an outage (no other can take the claim
+    meanwhile), and one that never held it keeps none."""
+
+    def __init__(self, claim: InstanceClaim, metrics: Metrics, *, name: str = "instance-claim") -> None:
+        super().__init__(name, metrics)
+        self.claim = claim
+        self.on_change: Callable[[], None] = lambda: None
+
+    def held(self) -> bool:
+        return self.claim.held
+
+    def run_once(self) -> float:
+        before = self.claim.held
+        try:
+            self.claim.take()
+        except REDIS_ERRORS as exc:
+            log.debug("instance claim: Redis did not answer (%s); kept as it was", type(exc).__name__)
+        if self.claim.held != before:
+            self.on_change()
+        return max(0.05, self.claim.ttl_secs / 3)
 
 
 def _dead_here(token: str) -> bool:

@@ -19,6 +19,13 @@ holding the owner's instance id with the heartbeat's TTL:
 - the keys of the accounts held are renewed every turn; a dead replica's keys
   expire with its heartbeat, and the new owners take them on their next turn.
 
+Claim before owning: the owner key holds an instance id, and a second process
+started under the same id (while Redis was down, so the claim at start could
+not refuse it) would take that key for its own. So every turn first takes
+the instance claim (`InstanceClaim`, refreshed with the heartbeat); while
+another live process holds it, this replica's target is empty, and it
+neither takes nor renews an owner key.
+
 The main thread (runtime/app.py) reads `target()` and moves the account workers to
 it, then calls `settled()`. Nothing durable lives here.
 """
@@ -32,7 +39,7 @@ from collections.abc import Callable, Iterable
 
 import redis
 
-from lumio_ingestd.cluster.instances import Heartbeat
+from lumio_ingestd.cluster.instances import Heartbeat, InstanceClaim
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.outage import describe_redis_error
 from lumio_ingestd.stores import rediskeys
@@ -89,14 +96,16 @@ class Membership(Worker):
     """Heartbeat, live instances, and the accounts this replica may run (see the module doc)."""
 
     def __init__(self, client: redis.Redis, instance: str, ttl_secs: float, metrics: Metrics, *,
-                 interval_secs: float = 2.0, name: str = "membership") -> None:
+                 interval_secs: float = 2.0, name: str = "membership",
+                 claim: InstanceClaim | None = None) -> None:
         super().__init__(name, metrics)
         self.instance = instance
         self.ttl_secs = ttl_secs
         self.interval_secs = interval_secs
         self.on_change: Callable[[], None] = lambda: None
         self._client = client
-        self._heartbeat = Heartbeat(client, instance, ttl_secs, metrics)
+        self._claim = claim
+        self._heartbeat = Heartbeat(client, instance, ttl_secs, metrics, claim)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._take = client.register_script(_TAKE)
@@ -142,6 +151,8 @@ class Membership(Worker):
         self._free(held)
 
     def _free(self, accounts: Iterable[int]) -> None:
+        if self._claim is not None and not self._claim.held:
+            return  # the keys hold this id for the process that holds the claim now: its keys
         for account in accounts:
             try:
                 self._release(keys=[rediskeys.account_owner(account)], args=[self.instance])
@@ -159,6 +170,14 @@ class Membership(Worker):
             self._live = tuple(live)
         if changed_live:
             log.info("membership: live instances %s", ", ".join(live))
+        if self._claim is not None and not self._claim.held:
+            # Another live process runs as this instance id: own nothing, touch no owner key
+            # (they hold this id too). What was running is stopped and released by the main thread.
+            with self._lock:
+                previous, self._target = self._target, frozenset()
+            if previous != frozenset():
+                self.on_change()
+            return self.interval_secs
         if not self._announced:
             self._announced = True
             # The first turn only announces this replica: replicas started together

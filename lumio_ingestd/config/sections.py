@@ -198,6 +198,8 @@ class Config:
     accounts: tuple[AccountConfig, ...] = ()
     #: With `shard = auto`: the accounts this replica holds now (set by the
     #: daemon from its membership, never read from a file); None = by INDEX/COUNT.
+    #: With INDEX/COUNT, an empty set while this process does not hold its
+    #: instance claim (cluster/instances.py): it runs no account until it does.
     owned: frozenset[int] | None = None
 
     def owns(self, account_id: int) -> bool:
@@ -215,7 +217,7 @@ class Config:
         Replica 0 with INDEX/COUNT; every replica with `auto`, where a lease
         decides which one runs them (lease.LeaseGated).
         """
-        return self.daemon.shard_auto or self.daemon.shard_index == 0
+        return self.daemon.shard_auto or (self.daemon.shard_index == 0 and self.owned is None)
 
 
 # Section name -> the dataclass built from it; Config has one attribute per fixed section.

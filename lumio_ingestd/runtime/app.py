@@ -291,6 +291,8 @@ class App:
             log.info("systemd watchdog: petting every %.2fs", interval)
         if parts.membership is not None:
             parts.membership.on_change = self.signals.wake
+        if parts.claim_keeper is not None:
+            parts.claim_keeper.on_change = self.signals.wake
         if self._gc_policy is not None:
             self._gc_policy()
         sup.start_all()
@@ -321,6 +323,7 @@ class App:
                 if signum in RELOAD_SIGNALS:
                     self._reload_config()
             self._follow_membership()
+            self._follow_claim()
             self.supervisor.check()
             now = time.monotonic()
             if now - self._status_at >= _STATUS_EVERY_SECS:
@@ -425,6 +428,31 @@ class App:
         membership.settled(target, released=before - target)
         log.info("membership: running %d account(s); gained %s, handed over %s", len(target),
                  _ids(sorted(target - before)), _ids(sorted(before - target)))
+
+    def _follow_claim(self) -> None:
+        """INDEX/COUNT: run the accounts only while this process holds its instance claim."""
+        parts = self.parts
+        if parts is None or parts.claim_keeper is None or parts.accounts is None \
+                or parts.accounts.cfg is None:
+            return
+        accounts, current = parts.accounts, parts.accounts.cfg
+        owned = None if parts.claim_keeper.held() else frozenset[int]()
+        if current.owned == owned:
+            return
+        wanted = replace(current, owned=owned)
+        try:
+            plan = accounts.plan(wanted)
+        except Exception:
+            log.exception("instance claim: the accounts could not be built; trying again next turn")
+            return
+        self._run_plan(plan)
+        accounts.commit(plan, wanted)
+        if owned is None:
+            log.info("instance claim: held by this process now; running its accounts (%d worker(s) "
+                     "started)", len(plan.start))
+        else:
+            log.error("instance claim: held by another process; this one stopped its accounts "
+                      "(%d worker(s)) and runs none until it holds the claim", len(plan.stop))
 
     def _run_plan(self, plan: Plan) -> None:
         # Stopped first: a changed account's old socket hands its chat over and

@@ -36,6 +36,7 @@ from lumio_ingestd.worker import Worker
 if TYPE_CHECKING:
     import redis
 
+    from lumio_ingestd.cluster.instances import ClaimKeeper, InstanceClaim
     from lumio_ingestd.cluster.membership import Membership
 
 log = logging.getLogger("lumio_ingestd.app")
@@ -70,6 +71,8 @@ class Parts:
     accounts: AccountWorkers | None = None
     #: `shard = auto` only: the live replicas and the accounts this one runs.
     membership: Membership | None = None
+    #: INDEX/COUNT only: the instance claim; the accounts run only while it is held.
+    claim_keeper: ClaimKeeper | None = None
     #: Closed in this order after the shutdown stages, each with its name for the log.
     closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
 
@@ -77,13 +80,15 @@ class Parts:
 Builder = Callable[[Config, Metrics], Parts]
 
 
-def _claim_instance(cfg: Config, client: redis.Redis) -> None:
+def _claim_instance(cfg: Config, client: redis.Redis) -> InstanceClaim:
     """Refuse to start while another live process runs with the same instance id.
 
-    Two such processes would share every in-flight key; the claim tokens keep
-    them from deleting each other's batches, and this keeps the second one from
-    running at all. Redis unreachable: started all the same (the chat workers
-    take the claim on their first heartbeat, and leave other tokens' lists alone).
+    Two such processes would share every in-flight key and every owner key; the
+    claim tokens keep them from deleting each other's batches, and this keeps the
+    second one from running at all. Redis unreachable: started all the same, but
+    with no account (the claim's `held` is False) until the claim is taken: by
+    the membership with `shard = auto`, by a `ClaimKeeper` otherwise. A process
+    that finds the claim held then runs none (cluster/instances.py).
     """
     from lumio_ingestd.chat.flusher import default_heartbeat_ttl
     from lumio_ingestd.cluster.instances import InstanceClaim
@@ -93,15 +98,17 @@ def _claim_instance(cfg: Config, client: redis.Redis) -> None:
     try:
         holder = claim.take()
     except REDIS_ERRORS as exc:
-        log.warning("cannot check whether instance id %r is in use (Redis: %s); starting anyway",
-                    cfg.daemon.instance_id, type(exc).__name__)
-        return
+        log.warning("cannot check whether instance id %r is in use (Redis: %s); starting with no "
+                    "account until this process holds the instance claim", cfg.daemon.instance_id,
+                    type(exc).__name__)
+        return claim
     if holder is not None:
         raise StartupError(
             f"instance id {cfg.daemon.instance_id!r} is in use by another running process "
             f"({holder}); give each replica its own [daemon] instance_id (or leave it empty for "
             f"hostname:pid). A crashed process's claim expires within "
             f"{default_heartbeat_ttl(cfg):.0f}s")
+    return claim
 
 
 def build(cfg: Config, metrics: Metrics) -> Parts:
@@ -111,6 +118,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.chat.deadletter import ChatDeadLetterDrain
     from lumio_ingestd.chat.flusher import default_heartbeat_ttl, flush_threads
     from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue, chat_spool_handler
+    from lumio_ingestd.cluster.instances import ClaimKeeper
     from lumio_ingestd.cluster.lease import Lease, LeaseGated
     from lumio_ingestd.cluster.membership import Membership
     from lumio_ingestd.db.pool import Pool
@@ -144,7 +152,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts = Parts()
     client = connect(cfg.redis)
     try:
-        _claim_instance(cfg, client)
+        claim = _claim_instance(cfg, client)
     except StartupError:
         client.close()
         raise
@@ -212,11 +220,13 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     heartbeat_ttl = default_heartbeat_ttl(cfg)
     if cfg.daemon.shard_auto:
         # Nothing runs until the membership's first turn hands accounts out.
-        parts.membership = Membership(client, cfg.daemon.instance_id, heartbeat_ttl, metrics)
+        parts.membership = Membership(client, cfg.daemon.instance_id, heartbeat_ttl, metrics,
+                                      claim=claim)
         parts.membership.set_accounts(a.account_id for a in cfg.accounts)
         initial = parts.accounts.initial(replace(cfg, owned=frozenset()))
     else:
-        initial = parts.accounts.initial(cfg)
+        parts.claim_keeper = ClaimKeeper(claim, metrics)
+        initial = parts.accounts.initial(cfg if claim.held else replace(cfg, owned=frozenset()))
     parts.sources += initial.sources
     parts.accounts.add_routes(parts.routes)
     parts.routes.add("POST", EMIT_PATH, emit_handler(events.insert_event, alerts, cfg.http.emit_token,
@@ -236,5 +246,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.timers += initial.timers
     if parts.membership is not None:
         parts.timers.append(parts.membership)
+    if parts.claim_keeper is not None:
+        parts.timers.append(parts.claim_keeper)
     parts.probe = ReadinessProbe(client, pool, metrics)
     return parts
