@@ -128,7 +128,7 @@ def _empty_list() -> dict[str, Any]:
 
 def _redis(connect_redis: Callable[[], redis.Redis], now: float) -> dict[str, Any]:
     out: dict[str, Any] = {"ok": False, "error": None, "instances": [], "leases": [],
-                           "lists": {name: _empty_list() for name, _, _ in LISTS}}
+                           "lists": {name: _empty_list() for name, _, _ in LISTS}, "problems": []}
     try:
         client = connect_redis()
     except REDIS_ERRORS as exc:
@@ -139,7 +139,7 @@ def _redis(connect_redis: Callable[[], redis.Redis], now: float) -> dict[str, An
         out["ok"] = True
     except REDIS_ERRORS as exc:
         out["error"] = _error(exc)
-        out["instances"], out["leases"] = [], []
+        out["instances"], out["leases"], out["problems"] = [], [], []
         out["lists"] = {name: _empty_list() for name, _, _ in LISTS}
     finally:
         client.close()
@@ -206,10 +206,14 @@ def _read_redis(client: redis.Redis, now: float, out: dict[str, Any]) -> None:
         out["leases"].append({"lease": key, "holder": holder, "ttl_secs": ttl(pttl)})
     for name, _, _ in LISTS:
         per_account: dict[int, int] = {}
-        for account, _ in lists[name]:
+        for account, key in lists[name]:
             depth = next(replies)
             if isinstance(depth, int):
                 per_account[account] = per_account.get(account, 0) + depth
+            else:  # WRONGTYPE: a key of a list's name holding something else (a writer's mistake)
+                problem = f"{key} is not a list ({_error(depth) if isinstance(depth, Exception) else depth})"
+                log.warning("status: %s; not counted", problem)
+                out["problems"].append(problem)
         per_account = {a: d for a, d in per_account.items() if d > 0}
         largest = sorted(per_account.items(), key=lambda ad: (-ad[1], ad[0]))[:TOP]
         out["lists"][name] = {"total": sum(per_account.values()), "accounts": len(per_account),
@@ -441,6 +445,8 @@ def _render_redis(o: _Out, r: dict[str, Any]) -> None:
         head = f"    {label:<20} {lst['total']:>10} in {lst['accounts']:>5} account(s)"
         largest = [f"{x['account']}={x['depth']}" for x in lst["largest"]]
         _wrap(o, head, largest)
+    for problem in r.get("problems", []):
+        o.add(f"  problem: {_cut(problem, 88)}")
 
 
 def _wrap(o: _Out, head: str, items: list[str]) -> None:

@@ -70,6 +70,7 @@ SCHEMA: dict[str, Any] = {
         "lists": {name: _LIST for name in (
             "chat_buffer", "chat_inflight", "chat_deadletter", "chat_quarantine",
             "events_deadletter", "events_inflight", "events_quarantine")},
+        "problems": [str],
     },
     "database": {
         "ok": bool, "error": OPT_STR,
@@ -283,7 +284,7 @@ def test_status_reports_what_redis_the_database_the_spool_and_the_daemon_hold(
 
     # Redis: every list figure equals what was pushed; malformed keys are not counted.
     r = doc["redis"]
-    assert r["ok"] and r["error"] is None
+    assert r["ok"] and r["error"] is None and r["problems"] == []
     assert r["lists"]["chat_buffer"] == expected_list(CHAT_BUFFERS)
     assert [x["account"] for x in r["lists"]["chat_buffer"]["largest"]] == list(range(12, 2, -1))
     assert r["lists"]["chat_inflight"] == expected_list(by_account(CHAT_INFLIGHT))
@@ -450,6 +451,8 @@ def test_status_shows_odd_heartbeat_values_as_unreadable_and_goes_on(
     client.hset(rediskeys.instance_heartbeat("odd-hash"), "at", "1")  # not even a string
     Heartbeat(client, "fine", 30.0).beat(force=True)
     push(client, rediskeys.chat_buffer(7), 3)
+    client.set(rediskeys.chat_buffer(8), b"not a list")  # a list's name, a string's value
+    client.hset(rediskeys.events_deadletter(9), "x", "y")
     # The same class of value in the database: a cursor far beyond year 9999.
     with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
         cur.execute("INSERT INTO jetstream_cursor (name, time_us) VALUES ('odd', %s)",
@@ -475,6 +478,11 @@ def test_status_shows_odd_heartbeat_values_as_unreadable_and_goes_on(
     assert "1767225600123" in instances["odd-ms"]["problem"]
     assert instances["fine"]["problem"] is None and instances["fine"]["age_secs"] < 60
     assert doc["redis"]["lists"]["chat_buffer"] == expected_list({7: 3})
+    assert sorted(doc["redis"]["problems"]) == [
+        f"{rediskeys.chat_buffer(8)} is not a list (ResponseError: WRONGTYPE Operation against a "
+        "key holding the wrong kind of value)",
+        f"{rediskeys.events_deadletter(9)} is not a list (ResponseError: WRONGTYPE Operation "
+        "against a key holding the wrong kind of value)"]
     [cursor] = doc["database"]["jetstream_cursors"]
     assert cursor["cursor_at"] is None and cursor["lag_secs"] is None
     daemon = doc["daemon"]
@@ -495,6 +503,7 @@ def test_status_shows_odd_heartbeat_values_as_unreadable_and_goes_on(
     assert "heartbeat unreadable time 1767225600123 (not Unix seconds)" in human.stdout
     assert "odd                            at an unreadable time" in human.stdout
     assert "chat buffers" in human.stdout and "7=3" in human.stdout
+    assert f"problem: {rediskeys.chat_buffer(8)} is not a list" in human.stdout
     # Each odd value is named in the log (stderr), so the operator can find and fix it.
     for name in [*ODD_HEARTBEATS, "odd-hash"]:
         assert f"instance {name!r}" in human.stderr, human.stderr
