@@ -483,6 +483,21 @@ def run_as_unit(box: Throwaway, pg: PostgresServer, twitch: TwitchStandin,
            "check-config", user=uid_gid, env=env)
     ok_run(box, "lumio-ingestd migrate as the service user, role without superuser",
            "/usr/bin/lumio-ingestd", "-c", INI, "migrate", user=uid_gid, env=env)
+    conn = pg.connect(DB)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'chat_messages'")
+            check(cur.fetchone() == (ROLE,), f"the tables exist, owned by {ROLE}")
+    finally:
+        conn.close()
+
+    step("check-config and migrate as root, as the README has them")
+    root_env = {**base_env(), "CREDENTIALS_DIRECTORY": CREDS}
+    ok_run(box, "lumio-ingestd check-config as root", "lumio-ingestd", "check-config", env=root_env)
+    ok_run(box, f"CREDENTIALS_DIRECTORY={CREDS} lumio-ingestd migrate as root (nothing left to apply)",
+           "lumio-ingestd", "migrate", env=root_env)
+    pyc = sh(["find", str(box.path("/opt/lumio-ingestd")), "-newer", str(box.path(INI)), "-name", "*.pyc"])
+    check(pyc.stdout == "", "no byte-code written into the venv at run time", pyc.stdout[:300])
 
     step(f"the unit's ExecStart= as systemd would run it: {shlex.join(service.argv)}")
     notify = NotifySocket(box.path(NOTIFY))
@@ -564,8 +579,18 @@ def lifecycle(box: Throwaway, deb_inside: str, pg: PostgresServer, redis_server:
           "the database and Redis are untouched")
 
 
+def lintian(deb: Path) -> None:
+    step("lintian")
+    if shutil.which("lintian") is None:
+        raise Failed("lintian not found: apt-get install lintian")
+    result = sh(["lintian", "--fail-on", "error", str(deb)])
+    print("\n".join(f"      {line}" for line in result.stdout.splitlines()), flush=True)
+    check(result.returncode == 0, "lintian: no error (each override gives its reason)", result.stderr)
+
+
 def inside(deb: Path) -> int:
     started = time.monotonic()
+    lintian(deb)
     with ExitStack() as stack:
         work = Path(tempfile.mkdtemp(prefix="lumio-deb-test-", dir="/var/tmp"))
         stack.callback(shutil.rmtree, work, True)
