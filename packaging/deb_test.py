@@ -24,7 +24,8 @@ In order, each step failing the run with what it saw:
    $WATCHDOG_USEC) reaches READY=1 on a notify socket we bind, stores the
    stand-in Twitch's chat exactly once, and exits 0 on SIGTERM.
 5. A reinstall keeps the edited ini; remove keeps it and the state; an
-   install after remove keeps it too.
+   install after remove and an upgrade (the same files under a higher
+   version) keep it too.
 6. Purge exits 0 and leaves the root as it was: the upper directory holds
    only the user (passwd, group, shadow, gshadow) and dpkg's and apt's own
    records; Redis and the database are untouched.
@@ -37,6 +38,7 @@ maintainer scripts' daemon-reload, try-restart and stop are not exercised).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -50,8 +52,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,10 +118,27 @@ class Throwaway:
 
     def __init__(self, work: Path) -> None:
         self.upper, self._work, self.root = work / "upper", work / "ovl-work", work / "root"
+        self.users_before: dict[str, str] = {}
         for d in (self.upper, self._work, self.root):
             d.mkdir()
 
     def mount(self) -> None:
+        """Mounts the root while the host's dpkg is idle, and keeps its own copy of dpkg's database.
+
+        The lower layer is the live `/`: without its own copy, a host apt run
+        during the test would show the root a database in the middle of a change.
+        """
+        with host_dpkg_idle():
+            self._mount()
+            # The user files as they were, to compare with after purge (the host may change its own).
+            self.users_before = {rel: (Path("/") / rel).read_text() for rel in sorted(USER_FILES)
+                                 if (Path("/") / rel).is_file()}
+            dpkg = self.path("/var/lib/dpkg")
+            for name in ("status", "available", "diversions", "statoverride"):
+                if (dpkg / name).is_file():  # opening for writing copies the file up
+                    os.close(os.open(dpkg / name, os.O_WRONLY | os.O_APPEND))
+
+    def _mount(self) -> None:
         for cmd in (
             ["mount", "-t", "overlay", "overlay", "-o",
              f"lowerdir=/,upperdir={self.upper},workdir={self._work}", str(self.root)],
@@ -152,6 +171,25 @@ class Throwaway:
         result = sh(["mount", "--bind", str(source), str(target)])
         if result.returncode != 0:
             raise Failed(f"bind {source} -> {inside}: {result.stderr.strip()}")
+
+
+@contextmanager
+def host_dpkg_idle(timeout: float = 300.0) -> Iterator[None]:
+    """Holds the host's dpkg frontend lock (apt and dpkg take it with fcntl, as here)."""
+    fd = os.open("/var/lib/dpkg/lock-frontend", os.O_RDWR | os.O_CREAT, 0o640)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise Failed("the host's dpkg stayed busy (lock-frontend held)") from None
+                time.sleep(1.0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def base_env() -> dict[str, str]:
@@ -311,13 +349,12 @@ def changes(box: Throwaway) -> list[str]:
 def user_lines_only(box: Throwaway, rel: str) -> bool:
     """A user file differs from the host's by the service user's lines only."""
     mine = box.upper / rel
-    host = Path("/") / rel
     if not mine.exists():
         return True
     ours = sorted(ln for ln in mine.read_text().splitlines() if not ln.startswith(f"{USER}:"))
     # A backup (passwd-) is the file as it was before the last change: the host's file.
-    hosts = [host, Path("/") / rel.rstrip("-")]
-    return any(sorted(h.read_text().splitlines()) == ours for h in hosts if h.exists())
+    before = [box.users_before.get(rel), box.users_before.get(rel.rstrip("-"))]
+    return any(sorted(text.splitlines()) == ours for text in before if text is not None)
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -383,6 +420,9 @@ def redis_keys(server: RedisServer) -> int:
 
 def install_checks(box: Throwaway, deb_inside: str) -> tuple[int, int]:
     step("install")
+    audit = box.run("dpkg", "--audit")
+    check(audit.returncode == 0 and not audit.stdout.strip(), "dpkg's database in the root is consistent",
+          audit.stdout)
     ok_run(box, f"apt-get install ./{Path(deb_inside).name} exits 0", "apt-get", "install", "-y", "-q",
            "--no-install-recommends", deb_inside)
     entry = ok_run(box, "the service user exists", "getent", "passwd", USER).strip().split(":")
@@ -546,6 +586,25 @@ def run_as_unit(box: Throwaway, pg: PostgresServer, twitch: TwitchStandin,
         shutil.rmtree(box.path("/run/credentials"), ignore_errors=True)
 
 
+UPGRADE_SUFFIX = "+upgrade1"
+
+
+def repack_newer(box: Throwaway, deb_inside: str) -> str:
+    """The same package with a higher version: what dpkg and the scripts do on an upgrade."""
+    tree = box.path("/tmp/repack")
+    result = sh(["dpkg-deb", "-R", str(box.path(deb_inside)), str(tree)])
+    check(result.returncode == 0, "dpkg-deb -R", result.stderr)
+    control = tree / "DEBIAN" / "control"
+    lines = [ln + UPGRADE_SUFFIX if ln.startswith("Version: ") else ln
+             for ln in control.read_text().splitlines()]
+    control.write_text("\n".join(lines) + "\n")
+    out = "/tmp/upgrade.deb"
+    result = sh(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", str(tree), str(box.path(out))])
+    check(result.returncode == 0, "dpkg-deb -b of the newer version", result.stderr)
+    shutil.rmtree(tree)
+    return out
+
+
 def lifecycle(box: Throwaway, deb_inside: str, pg: PostgresServer, redis_server: RedisServer) -> None:
     edited = sha(box.path(INI))
     step("reinstall, remove, install again: the edited ini stays")
@@ -559,6 +618,12 @@ def lifecycle(box: Throwaway, deb_inside: str, pg: PostgresServer, redis_server:
     check(sha(box.path(INI)) == edited and box.path(STATE).is_dir(), "remove keeps the ini and the state")
     ok_run(box, "apt-get install after remove exits 0", "apt-get", "install", "-y", "-q", deb_inside)
     check(sha(box.path(INI)) == edited, "the edited ini survives remove and install")
+    newer = repack_newer(box, deb_inside)
+    ok_run(box, "an upgrade (the same files, a higher version) exits 0", "apt-get", "install", "-y", "-q",
+           newer)
+    version = ok_run(box, "dpkg-query reads the upgraded package", "dpkg-query", "-W", "-f=${Version}", PKG)
+    check(version.endswith(UPGRADE_SUFFIX), "the upgrade is installed", version)
+    check(sha(box.path(INI)) == edited, "the edited ini survives the upgrade")
 
     step("purge")
     # The operator's own files: purge leaves what the package did not make.
