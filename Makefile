@@ -9,7 +9,7 @@ DURATION ?= 0
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: test lint typecheck pytest promtool clean venv demo bench soak docs
+.PHONY: test lint typecheck pytest promtool clean venv demo bench soak docs deb deb-test deb-lock
 
 venv: $(STAMP)
 
@@ -66,3 +66,15 @@ clean:
 docs: $(STAMP)
 	PYTHONPATH=. $(BIN)/python tools/config_docs.py
 	PYTHONPATH=. $(BIN)/python tools/metrics_docs.py
+
+# The Debian package: dist/lumio-ingestd_<version>_<arch>.deb (as root; packaging/build_deb.py).
+deb:
+	python3 packaging/build_deb.py
+
+# Installs dist/'s package into a throwaway root and checks it (as root; packaging/deb_test.py).
+deb-test: $(STAMP)
+	$(BIN)/python packaging/deb_test.py $(DEB)
+
+# Re-pins packaging/requirements.lock, the package's run-time dependencies.
+deb-lock:
+	python3 packaging/lock.py

@@ -44,6 +44,16 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
+#: Earlier contents (sha256) of shipped migrations, by version, that a database may have
+#: applied: a file changed since only in what leaves such a database the same counts as
+#: the same migration. 2 and 5 told whether TimescaleDB is preloaded by reading
+#: shared_preload_libraries, which a role without superuser (or pg_read_all_settings)
+#: may not read; they now read a setting TimescaleDB's loader defines.
+EARLIER_CHECKSUMS: dict[int, frozenset[str]] = {
+    2: frozenset({"5286a8666dadb2f88e0b3eda3397f7707d0256018bd1ae936e3a609f8ebef370"}),
+    5: frozenset({"78d6cdc339d3b9b4a85114645b9ddf3339a77d6f3497e7f5146bb58700837161"}),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:
@@ -139,7 +149,8 @@ def _apply(conn: psycopg2.extensions.connection, wanted: list[Migration],
         cur.execute("SELECT version, name, checksum FROM schema_migrations")
         applied = {row[0]: (row[1], row[2]) for row in cur.fetchall()}
     for m in wanted:
-        if m.version in applied and applied[m.version][1] != m.checksum:
+        if m.version in applied and applied[m.version][1] != m.checksum \
+                and applied[m.version][1] not in EARLIER_CHECKSUMS.get(m.version, frozenset()):
             raise MigrationError(
                 f"migration {m.version:04d}_{applied[m.version][0]} was applied with other "
                 "contents than the file shipped now; refusing to continue"

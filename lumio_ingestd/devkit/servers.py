@@ -516,7 +516,8 @@ class RedisServer(_Server):
     kind = "redis-server"
     host = LOCALHOST
 
-    def __init__(self, workdir: Path, *, port: int | None = None, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, workdir: Path, *, port: int | None = None, extra_args: Sequence[str] = (),
+                 unixsocket: bool = False) -> None:
         super().__init__()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -525,6 +526,15 @@ class RedisServer(_Server):
         self._fixed_port = port is not None
         self.extra_args = list(extra_args)
         self.start_seconds: float | None = None  # duration of the last start()
+        # unixsocket=True: it also listens on a Unix socket (`unix_url`), in a short
+        # directory (socket paths are limited to ~107 bytes) that any user may
+        # traverse, so a daemon run as an unprivileged user reaches it too.
+        self.socket_path: Path | None = None
+        if unixsocket:
+            sock_dir = Path(tempfile.mkdtemp(prefix="r", dir=scratch_root()))
+            os.chmod(sock_dir, 0o755)
+            self._owned_dirs.append(sock_dir)
+            self.socket_path = sock_dir / "redis.sock"
 
     @property
     def port(self) -> int:
@@ -533,6 +543,13 @@ class RedisServer(_Server):
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self._port}/0"
+
+    @property
+    def unix_url(self) -> str:
+        """unix:///path/redis.sock?db=0 (only with unixsocket=True)."""
+        if self.socket_path is None:
+            raise DevServerError("this redis-server was started without unixsocket=True")
+        return f"unix://{self.socket_path}?db=0"
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """A redis.Redis with short timeouts and no retries (failures show at once)."""
@@ -556,6 +573,8 @@ class RedisServer(_Server):
             "--appendonly", "no",
             "--dir", str(self.workdir),
             "--daemonize", "no",
+            *(["--unixsocket", str(self.socket_path), "--unixsocketperm", "777"]
+              if self.socket_path is not None else []),
             *self.extra_args,
         ]  # fmt: skip
 

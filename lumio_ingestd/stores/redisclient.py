@@ -152,13 +152,16 @@ def connect(cfg: RedisConfig) -> redis.Redis:
             retry=Retry(NoBackoff(), 0),
         )
         return cast(redis.Redis, cluster)
+    connection_class = _connection_class(cfg.url)
+    # TCP only: redis-py's Unix-socket connection refuses keepalive options (TypeError).
+    tcp: dict[str, Any] = {} if connection_class is _OneWriteUnix else {"socket_keepalive": True}
     return redis.Redis.from_url(
         cfg.url,
-        connection_class=_connection_class(cfg.url),
+        connection_class=connection_class,
         password=cfg.password.reveal() if cfg.password is not None else None,
         socket_timeout=cfg.socket_timeout_secs,
         socket_connect_timeout=cfg.connect_timeout_secs,
-        socket_keepalive=True,
+        **tcp,
         socket_read_size=READ_SIZE,
         health_check_interval=30,
         retry=Retry(NoBackoff(), 0),

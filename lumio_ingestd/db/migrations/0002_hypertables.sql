@@ -4,7 +4,10 @@
 DO $migration$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'timescaledb')
-       AND current_setting('shared_preload_libraries') LIKE '%timescaledb%' THEN
+       -- Preloaded: its loader defines this setting. pg_settings lists a setting only once a
+       -- loaded library defines it, and any role may read it (shared_preload_libraries
+       -- itself needs superuser or pg_read_all_settings).
+       AND EXISTS (SELECT 1 FROM pg_settings WHERE name = 'timescaledb.max_background_workers') THEN
         CREATE EXTENSION IF NOT EXISTS timescaledb;
         EXECUTE $$SELECT create_hypertable('chat_messages', 'created_at',
                     chunk_time_interval => interval '1 day',

@@ -27,7 +27,10 @@ CREATE INDEX stream_stats_writes_ts_idx ON stream_stats_writes (ts);
 DO $migration$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'timescaledb')
-       AND current_setting('shared_preload_libraries') LIKE '%timescaledb%' THEN
+       -- Preloaded: its loader defines this setting. pg_settings lists a setting only once a
+       -- loaded library defines it, and any role may read it (shared_preload_libraries
+       -- itself needs superuser or pg_read_all_settings).
+       AND EXISTS (SELECT 1 FROM pg_settings WHERE name = 'timescaledb.max_background_workers') THEN
         CREATE EXTENSION IF NOT EXISTS timescaledb;
         EXECUTE $$SELECT create_hypertable('stream_stats', 'ts',
                     chunk_time_interval => interval '7 days',
