@@ -41,6 +41,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 
@@ -186,9 +187,9 @@ class ChatIngest:
         refusal: BaseException | None = None
         groups = self._acks.groups(list(keys))
         for group in groups:
-            def queue(pipe: object, group: list[str] = group) -> None:
+            def queue(pipe: Any, group: list[str] = group) -> None:
                 for key in group:
-                    pipe.rpush(key, *[entry for _, entry in by_account[keys[key]]])  # type: ignore[attr-defined]
+                    pipe.rpush(key, *[entry for _, entry in by_account[keys[key]]])
             try:
                 results = self._acks.run(group[0], queue, write="chat", raise_on_error=False)
             except REDIS_ERRORS as exc:
@@ -248,9 +249,9 @@ class ChatIngest:
         # All or nothing for the caller: a group that fails raises, and the caller
         # spools every one of them again (a repeat in the quarantine is harmless).
         for group in self._acks.groups(list(by_key)):
-            def queue(pipe: object, group: list[str] = group) -> None:
+            def queue(pipe: Any, group: list[str] = group) -> None:
                 for key in group:
-                    pipe.rpush(key, *by_key[key])  # type: ignore[attr-defined]
+                    pipe.rpush(key, *by_key[key])
             self._acks.run(group[0], queue, write="chat_quarantine")
         self.metrics.chat_quarantined.inc(len(bad))
         log.warning("chat: %d messages the database refuses were quarantined", len(bad))
