@@ -120,9 +120,10 @@ def test_primaries_killed_under_load_lose_nothing_with_min_replicas_acked(
         tmp_path: Path, cluster: RedisClusterServers, private_pg: PostgresServer) -> None:
     """Five primaries SIGKILLed in one run of one process, `min_replicas_acked = 1`.
 
-    Rounds 1 and 3 kill a primary whose replica was stopped a second before (it
-    is promoted a second behind); in round 2 the database is down too, so chat
-    waits in the buffers and events are parked while the lagging primary dies.
+    Rounds 1 to 3 kill a primary whose replica was stopped and cut off a second
+    before (it is promoted a second behind); in round 2 the database is down
+    too, so chat waits in the buffers and events are parked while the lagging
+    primary dies. Each victim comes back as a replica and syncs before the next.
     Every message and event is stored exactly once: 0 missing, none twice.
     """
     private_pg.create_database("lumio")
