@@ -26,7 +26,10 @@ lumio_ingestd.devkit.servers, and the Twitch stand-in in a child process):
     process's heap, grown and freed by (a)-(c), would hide part of the cost);
 (e) Kick chat, Pusher frames on loopback to committed rows through one
     KickSource socket, beside the single-thread parse rate of the same
-    frames (bench_kick.py, the stand-in Kick in a child process).
+    frames (bench_kick.py, the stand-in Kick in a child process);
+(f) what `[redis] min_replicas_acked = 1` costs, beside 0, on a primary with
+    one replica, in alternating pairs: chat end to end and `persist_event`
+    p99, stored inline and parked (bench_replicas.py).
 
 Progress goes to standard error. `--quick` makes every part small (a smoke
 run, not figures to quote). Not a test: nothing here asserts a speed.
@@ -50,6 +53,7 @@ from typing import Any
 import bench_chat_drain  # noqa: E402
 import bench_daemon  # noqa: E402
 import bench_kick  # noqa: E402
+import bench_replicas  # noqa: E402
 import bench_wire  # noqa: E402
 import bench_wire_sockets  # noqa: E402
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
@@ -63,14 +67,16 @@ FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naiv
         "chat_drain": {"messages": 100_000, "accounts": 100},
         "daemon": {"rates": (0.0, 2000.0, 5000.0), "runs": 3, "load_secs": 3.0},
         "sockets": {"sockets": 500, "wave": 50},
-        "kick": {"messages": 20_000, "runs": 3}}
+        "kick": {"messages": 20_000, "runs": 3},
+        "replicas": {"messages": 50_000, "events": 1000, "runs": 3}}
 QUICK: dict[str, dict[str, Any]] = {"wire": {"messages": 5_000, "runs": 1, "naive": 500},
          "wire_sockets": {"messages": 5_000, "runs": 1, "sockets": (1, 4, 16), "replica_sockets": (1, 8)},
          "events": {"events": 200, "down": 20, "blackhole": 1, "replay": 2000, "accounts": 20},
          "chat_drain": {"messages": 5_000, "accounts": 10},
          "daemon": {"rates": (0.0, 2000.0), "runs": 1, "load_secs": 1.0},
          "sockets": {"sockets": 50, "wave": 50},
-         "kick": {"messages": 2_000, "runs": 1}}
+         "kick": {"messages": 2_000, "runs": 1},
+         "replicas": {"messages": 3_000, "events": 100, "runs": 1}}
 
 
 def _version(cmd: list[str]) -> str:
@@ -147,7 +153,7 @@ def sockets_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
-          d: dict[str, Any], e: dict[str, Any]) -> list[tuple[str, str]]:
+          d: dict[str, Any], e: dict[str, Any], f: dict[str, Any]) -> list[tuple[str, str]]:
     med = a["median"]
     rows = [
         ("(a) chat: WebSocket frames -> committed rows", f"{med['end_to_end']:,.0f} msg/s"),
@@ -204,6 +210,17 @@ def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
         ("    parse + map of the same frames, one thread", f"{e['median']['parse']:,.0f} msg/s"),
         ("    end to end / parse", f"{e['ratio_end_to_end_to_parse']:.2f}"),
     ]
+    fm = f["median"]
+    rows += [
+        ("(f) chat end to end, min_replicas_acked 0 / 1",
+         f"{fm['chat_rate']['0']:,.0f} / {fm['chat_rate']['1']:,.0f} msg/s"),
+        ("    chat hand-over (source side), 0 / 1",
+         f"{fm['handover_rate']['0']:,.0f} / {fm['handover_rate']['1']:,.0f} msg/s"),
+        ("    persist_event p99 stored inline, 0 / 1",
+         f"{fm['stored_p99_ms']['0']:.2f} / {fm['stored_p99_ms']['1']:.2f} ms"),
+        ("    persist_event p99 parked (database refusing), 0 / 1",
+         f"{fm['parked_p99_ms']['0']:.2f} / {fm['parked_p99_ms']['1']:.2f} ms"),
+    ]
     return rows
 
 
@@ -226,7 +243,8 @@ def main() -> int:
     c, tc = _timed("(c) shutdown drain", lambda: bench_daemon.run(**sizes["daemon"]))
     d, td = _timed("(d) idle sockets", lambda: idle_sockets(**sizes["sockets"]))
     e, te = _timed("(e) Kick chat end to end", lambda: bench_kick.run(**sizes["kick"]))
-    rows = table(a, b, c, d, e)
+    f, tf = _timed("(f) min_replicas_acked 0 / 1", lambda: bench_replicas.run(**sizes["replicas"]))
+    rows = table(a, b, c, d, e, f)
     total = time.monotonic() - started
 
     print(f"lumio-ingestd benchmarks: {info['nproc']} CPUs ({info['cpu_model']}), {info['ram_gib']} GiB RAM, "
@@ -242,10 +260,10 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "machine": info, "quick": args.quick,
-        "seconds": {"a": ta, "b": tb, "c": tc, "d": td, "e": te, "total": total},
+        "seconds": {"a": ta, "b": tb, "c": tc, "d": td, "e": te, "f": tf, "total": total},
         "table": [{"measure": label.strip(), "result": value} for label, value in rows],
         "a_chat_end_to_end": a, "b_events": b, "c_shutdown": c, "d_idle_sockets": d,
-        "e_kick_chat": e,
+        "e_kick_chat": e, "f_min_replicas_acked": f,
     }, indent=2) + "\n")
     print(f"written to {out.relative_to(ROOT)}")
     return 0

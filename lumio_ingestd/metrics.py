@@ -27,6 +27,8 @@ CHAT_PATHS = ("buffered", "direct", "spooled", "lost")
 FLUSH_RESULTS = ("ok", "failed", "deadlettered", "empty")
 PERSIST_OUTCOMES = ("parked", "recovered", "lost", "rejected")
 SPOOL_KINDS = ("chat", "event")
+#: What a write WAIT did not confirm was (`[redis] min_replicas_acked`, stores/replicas.py).
+REPLICA_ACK_WRITES = ("chat", "chat_quarantine", "chat_move", "event", "event_move", "held_gift")
 JETSTREAM_OPERATIONS = ("create", "update", "delete")
 STATUS_PLATFORMS = ("twitch", "kick")
 STATUS_POLL_ERRORS = ("unavailable", "status", "token", "rate_limited", "bad_response")
@@ -324,6 +326,13 @@ class Metrics:
             registry=r)
         self.redis_aof_enabled = Gauge(
             "redis_aof_enabled", "1 when Redis runs with appendonly yes", registry=r)
+        self.redis_replica_ack_failures = Counter(
+            "redis_replica_ack_failures", "Writes to Redis that WAIT did not confirm on "
+            "min_replicas_acked replicas in time (or whose node failed), by what was written; "
+            "each took its next tier (database, spool) instead of counting as done",
+            ["write"], registry=r)
+        for write in REPLICA_ACK_WRITES:
+            self.redis_replica_ack_failures.labels(write)
         self.instance_heartbeat = Gauge(
             "instance_heartbeat_timestamp_seconds", "When this process last refreshed its "
             "instance heartbeat in Redis (Unix time)", registry=r)

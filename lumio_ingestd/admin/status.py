@@ -3,7 +3,8 @@
 It reads, and never changes:
 
 - Redis (one SCAN over `lumio:*`, never KEYS, then pipelined LLEN, GET and
-  PTTL): the instances' heartbeats, the lease holders with their TTL, and per
+  PTTL): where writes go (the primary the Sentinels name, the Cluster's
+  primaries, or the one server), the instances' heartbeats, the lease holders with their TTL, and per
   kind of list (chat buffers, chat and event in-flight lists, dead letters,
   quarantines) the total, the number of accounts and the ten largest;
 - the database: the migrations applied (and those shipped but not applied)
@@ -46,7 +47,7 @@ from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import packaged_migrations
 from lumio_ingestd.db.pool import connect_kwargs
 from lumio_ingestd.runtime.localstate import pid_running, read_snapshot, snapshot_path
-from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.redisclient import REDIS_ERRORS, describe_primary
 from lumio_ingestd.stores.spool import inspect as inspect_spool
 
 FORMAT_VERSION = 1
@@ -111,7 +112,7 @@ def collect(cfg: Config, *, connect_redis: Callable[[], redis.Redis],
         "generated_at": _iso(started),
         "config": str(cfg.path),
         "daemon": _daemon(cfg, started),
-        "redis": _redis(connect_redis, started),
+        "redis": _redis(cfg, connect_redis, started),
         "database": _database(cfg, started),
         "spool": spool_section(cfg, started),
     }
@@ -126,15 +127,17 @@ def _empty_list() -> dict[str, Any]:
     return {"total": 0, "accounts": 0, "largest": []}
 
 
-def _redis(connect_redis: Callable[[], redis.Redis], now: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"ok": False, "error": None, "instances": [], "leases": [],
-                           "lists": {name: _empty_list() for name, _, _ in LISTS}, "problems": []}
+def _redis(cfg: Config, connect_redis: Callable[[], redis.Redis], now: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": False, "error": None, "primary": None, "instances": [],
+                           "leases": [], "lists": {name: _empty_list() for name, _, _ in LISTS},
+                           "problems": []}
     try:
         client = connect_redis()
     except REDIS_ERRORS as exc:
         out["error"] = _error(exc)
         return out
     try:
+        out["primary"] = describe_primary(cfg.redis, client)
         _read_redis(client, now, out)
         out["ok"] = True
     except REDIS_ERRORS as exc:
@@ -425,6 +428,8 @@ def _render_daemon(o: _Out, d: dict[str, Any], now: str) -> None:
 def _render_redis(o: _Out, r: dict[str, Any]) -> None:
     o.add()
     o.add("Redis" + ("" if r["ok"] else f": UNREACHABLE ({_cut(r['error'], 80)})"))
+    if r.get("primary"):
+        o.add(f"  primary {r['primary']}")
     if not r["ok"]:
         return
     o.add(f"  instances ({len(r['instances'])})" + ("" if r["instances"] else ": none alive"))

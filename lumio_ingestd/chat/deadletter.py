@@ -48,6 +48,7 @@ from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.outage import Outage, describe_redis_error
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.replicas import replica_acks
 from lumio_ingestd.worker import STOP_GRACE_SECS, IntervalWorker
 
 log = logging.getLogger("lumio_ingestd.chat.deadletter")
@@ -68,7 +69,8 @@ class ChatDeadLetterDrain(IntervalWorker):
         self._pool = pool
         hb_ttl = heartbeat_ttl_secs or default_heartbeat_ttl(cfg)
         claim = InstanceClaim(client, self.instance, hb_ttl, claim_token)
-        self._lists = ChatLists(client, claim_token, claim)
+        self._lists = ChatLists(client, claim_token, claim,
+                                acks=replica_acks(client, cfg.redis, metrics))
         # The lease outlives the interval, so a healthy leader keeps it from
         # pass to pass; a dead leader's lease lapses within lease_ttl.
         ttl = lease_ttl_secs or 2.0 * cfg.chat.deadletter_drain_interval_secs + 10.0

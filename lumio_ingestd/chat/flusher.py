@@ -80,6 +80,7 @@ from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.outage import Outage, describe_redis_error
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.replicas import replica_acks
 from lumio_ingestd.worker import STOP_GRACE_SECS, IntervalWorker
 
 log = logging.getLogger("lumio_ingestd.chat.flusher")
@@ -175,7 +176,8 @@ class ChatFlusher(IntervalWorker):
         self._pool = pool
         ttl = heartbeat_ttl_secs or default_heartbeat_ttl(cfg)
         claim = InstanceClaim(client, self.instance, ttl, claim_token)
-        self._lists = ChatLists(client, claim_token, claim)
+        self._lists = ChatLists(client, claim_token, claim,
+                                acks=replica_acks(client, cfg.redis, metrics))
         self._heartbeat = Heartbeat(client, self.instance, ttl, metrics, claim)
         self._failpoint = failpoint
         self._account_failures: dict[int, int] = {}

@@ -3,7 +3,10 @@
 The tiers, in order, for every message:
 
 1. **buffered**: RPUSH onto `lumio:chat:buffer:{ACCOUNT}` (one pipelined
-   RPUSH per account per batch); the flusher stores it later.
+   RPUSH per account per batch); the flusher stores it later. With
+   `[redis] min_replicas_acked` N > 0 it counts buffered (and leaves the
+   source's memory) only once WAIT says N replicas hold it; a push WAIT does
+   not confirm in time is handled like a refused one (stores/replicas.py).
 2. **direct**: if Redis refused (down, OOM, READONLY, MISCONF, timeout),
    insert it at once, idempotently and with poison isolation, bounded by
    `[events] insert_timeout_secs` in all (pool wait included): sources are
@@ -38,6 +41,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 
@@ -53,6 +57,7 @@ from lumio_ingestd.outage import Outage, describe_redis_error
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.quarantine import quarantine_entry
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.replicas import ReplicaAcks
 from lumio_ingestd.stores.spool import Spool, SpoolError
 
 log = logging.getLogger("lumio_ingestd.chat.ingest")
@@ -69,6 +74,7 @@ class ChatIngest:
                  cfg: Config, *, direct_timeout_secs: float | None = None,
                  retry_after_secs: float = 1.0) -> None:
         self._client = client
+        self._acks = ReplicaAcks(client, cfg.redis, metrics)
         self._pool = pool
         self._spool = spool
         self.metrics = metrics
@@ -165,23 +171,40 @@ class ChatIngest:
     def _push(self, pending: _Pending) -> _Pending:
         """One pipelined RPUSH per account; returns what was not pushed.
 
-        Raises REDIS_ERRORS when the pipeline as a whole failed.
+        With `min_replicas_acked` on, one pipeline per Redis node (one on a
+        single server) ends with a WAIT; a node's accounts whose WAIT did not
+        confirm count as not pushed (they take the next tier; what did reach
+        Redis is stored once anyway). Raises REDIS_ERRORS when the pipeline as
+        a whole failed (WAIT off: the one pipeline; on: every node's).
         """
         if not pending:
             return []
         by_account: dict[int, _Pending] = {}
         for item in pending:
             by_account.setdefault(item[0].account_id, []).append(item)
-        pipe = self._client.pipeline(transaction=False)
-        for account, items in by_account.items():
-            pipe.rpush(rediskeys.chat_buffer(account), *[entry for _, entry in items])
-        results = pipe.execute(raise_on_error=False)
+        keys = {rediskeys.chat_buffer(account): account for account in by_account}
         left: _Pending = []
         refusal: BaseException | None = None
-        for items, result in zip(by_account.values(), results, strict=True):
-            if isinstance(result, BaseException):
-                refusal = result
-                left.extend(items)
+        groups = self._acks.groups(list(keys))
+        for group in groups:
+            def queue(pipe: Any, group: list[str] = group) -> None:
+                for key in group:
+                    pipe.rpush(key, *[entry for _, entry in by_account[keys[key]]])
+            try:
+                results = self._acks.run(group[0], queue, write="chat", raise_on_error=False)
+            except REDIS_ERRORS as exc:
+                if len(groups) == 1:
+                    raise
+                refusal = exc
+                for key in group:
+                    left.extend(by_account[keys[key]])
+                continue
+            for key, result in zip(group, results, strict=True):
+                if isinstance(result, BaseException):
+                    refusal = result
+                    left.extend(by_account[keys[key]])
+        if len(left) == len(pending) and refusal is not None and len(groups) > 1:
+            raise refusal
         with self._lock:
             if refusal is not None:
                 self._redis.failed(describe_redis_error(refusal))
@@ -220,10 +243,16 @@ class ChatIngest:
         return []
 
     def _quarantine(self, bad: Sequence[tuple[ChatMessage, bytes, bytes]]) -> None:
-        pipe = self._client.pipeline(transaction=False)
+        by_key: dict[str, list[bytes]] = {}
         for msg, _, q_entry in bad:
-            pipe.rpush(rediskeys.chat_quarantine(msg.account_id), q_entry)
-        pipe.execute()
+            by_key.setdefault(rediskeys.chat_quarantine(msg.account_id), []).append(q_entry)
+        # All or nothing for the caller: a group that fails raises, and the caller
+        # spools every one of them again (a repeat in the quarantine is harmless).
+        for group in self._acks.groups(list(by_key)):
+            def queue(pipe: Any, group: list[str] = group) -> None:
+                for key in group:
+                    pipe.rpush(key, *by_key[key])
+            self._acks.run(group[0], queue, write="chat_quarantine")
         self.metrics.chat_quarantined.inc(len(bad))
         log.warning("chat: %d messages the database refuses were quarantined", len(bad))
 

@@ -12,7 +12,15 @@ dead-letter or quarantine, whatever line a process is killed at.
   quarantine and delete the in-flight list, in one step.
 - `move_all`: move a whole list onto another (dead-lettering a batch,
   putting a drain batch back, recovering a dead instance's in-flight list),
-  optionally setting the target's TTL.
+  optionally setting the target's TTL. With `[redis] min_replicas_acked` on
+  it returns only once WAIT says the replicas hold the move
+  (stores/replicas.py), else raises like a refused write.
+
+Claims and `finish` need no WAIT: a replica holds a prefix of what its
+primary did, so a claim or a delete the promoted replica never got leaves
+the entries where they were before it (a buffer, an in-flight list), from
+where they are stored again, and the idempotent insert makes the repeat a
+no-op.
 
 An in-flight list is `lumio:chat:inflight:{ACCOUNT}:OWNER`. The first flush
 thread's OWNER is the instance id, flush thread N's (N >= 1, `[chat]
@@ -47,6 +55,7 @@ import redis
 
 from lumio_ingestd.cluster.instances import PROCESS_TOKEN, InstanceClaim
 from lumio_ingestd.stores import rediskeys
+from lumio_ingestd.stores.replicas import ReplicaAcks
 
 log = logging.getLogger("lumio_ingestd.chat.lists")
 
@@ -178,8 +187,11 @@ def owner_lane(owner: str) -> int | None:
 
 class ChatLists:
     def __init__(self, client: redis.Redis, token: str = PROCESS_TOKEN,
-                 instance_claim: InstanceClaim | None = None) -> None:
+                 instance_claim: InstanceClaim | None = None, *,
+                 acks: ReplicaAcks | None = None) -> None:
         self.client = client
+        #: `min_replicas_acked`: a `move_all` counts as done only once the replicas hold it.
+        self._acks = acks
         self.token = token
         #: Held by this process: lists under a dead incarnation's token are adopted.
         self.instance_claim = instance_claim
@@ -275,10 +287,15 @@ class ChatLists:
         """Move all of `source` (an in-flight list) onto `target`; 0 when it is not ours
         (unless `any_owner`: its owner is dead)."""
         account, owner = rediskeys.account_of(source), rediskeys.instance_of_inflight(source)
-        moved: Any = self._move_all(
-            keys=[source, target, rediskeys.chat_claims(account)],
-            args=[int(ttl_secs * 1000), "if_none" if only_if_no_ttl else "always", owner,
-                  "" if any_owner else self.token])
+        keys = [source, target, rediskeys.chat_claims(account)]
+        args = [int(ttl_secs * 1000), "if_none" if only_if_no_ttl else "always", owner,
+                "" if any_owner else self.token]
+        moved: Any
+        if self._acks is None:
+            moved = self._move_all(keys=keys, args=args)
+        else:
+            moved = self._acks.run(source, lambda pipe: _queue_eval(pipe, _MOVE_ALL, keys, args),
+                                   write="chat_move")[0]
         if int(moved) < 0:
             log.error("chat: %s is held by another process with the same instance id; not moved",
                       source)

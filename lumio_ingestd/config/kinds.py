@@ -332,6 +332,33 @@ class _Listen(_Kind):
 
 
 @dataclass(frozen=True, slots=True)
+class _HostPorts(_Kind):
+    """Comma-separated HOST:PORT (IPv6 in brackets) -> tuple of (host, port); empty -> ()."""
+
+    def parse(self, raw: str, ctx: _Context) -> tuple[tuple[str, int], ...]:
+        if not raw:
+            return ()
+        found: list[tuple[str, int]] = []
+        for item in (part.strip() for part in raw.split(",")):
+            if not item:
+                raise _Invalid(f'expected comma-separated HOST:PORT, got an empty entry in "{raw}"')
+            try:
+                host, port = _Listen().parse(item, ctx)
+            except _Invalid:
+                raise _Invalid(f'expected comma-separated HOST:PORT with ports from 1 to 65535 '
+                               f'(IPv6 as "[::1]:26379"), got "{item}" in "{raw}"') from None
+            if port == 0:
+                raise _Invalid(f'port 0 in "{item}": a Sentinel listens on a real port (usually 26379)')
+            if (host, port) in found:
+                raise _Invalid(f'"{item}" is listed twice')
+            found.append((host, port))
+        return tuple(found)
+
+    def render(self, value: Any) -> str:
+        return ",".join(_Listen().render(v) for v in value)
+
+
+@dataclass(frozen=True, slots=True)
 class _Url(_Kind):
     """A URL with one of `schemes` and a host name."""
 

@@ -211,6 +211,15 @@ def _check_across(
                 ConfigProblem(path, section, url_key,
                               "has a password and password_file is set too; keep only password_file")
             )
+    redis_values = sections.get("redis")
+    if redis_values and redis_values["sentinels"] and redis_values["cluster"]:
+        problems.append(ConfigProblem(path, "redis", "sentinels",
+                                      "is set and cluster = true too; a Redis Cluster fails over "
+                                      "by itself: keep only one of them"))
+    if redis_values and redis_values["sentinels"] and redis_values["url"].startswith("unix:"):
+        problems.append(ConfigProblem(path, "redis", "sentinels",
+                                      "is set but url is a unix:// socket; with Sentinels url must "
+                                      "be redis:// or rediss:// (its host and port are not used)"))
     owners: dict[tuple[str, str], int] = {}
     for account in accounts:
         section = f"account.{account.account_id}"

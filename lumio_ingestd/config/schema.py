@@ -20,6 +20,7 @@ from lumio_ingestd.config.kinds import (
     _Context,
     _Dsn,
     _Float,
+    _HostPorts,
     _IdList,
     _InstanceId,
     _Int,
@@ -163,6 +164,22 @@ SCHEMA: Final[tuple[Setting, ...]] = (
     _s("redis", "cluster", "false", _Bool(),
        "true: url names one node of a Redis Cluster; the client finds the others, follows "
        "MOVED and failovers. Every multi-key operation stays within one account's {ACCOUNT} slot."),
+    _s("redis", "sentinels", "", _HostPorts(),
+       "HOST:PORT,HOST:PORT,...: find the primary through these Redis Sentinels, and follow "
+       "it when they fail over to a replica. url then gives only the database number, the "
+       "user and TLS (its host and port are not used). Empty = no Sentinel.",
+       example="10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379", commented=True),
+    _s("redis", "sentinel_service", "mymaster", _Text(re.compile(r"[A-Za-z0-9._-]{1,100}"),
+                                                      "a Sentinel service name (letters, digits, . _ -)"),
+       "The name the Sentinels know the primary by (their 'sentinel monitor NAME ...')."),
+    _s("redis", "min_replicas_acked", "0", _Int(0, 16),
+       "0 = a write counts as done once the primary acknowledged it. N > 0: only once WAIT says "
+       "N replicas hold it too; a write they do not confirm within replica_ack_timeout_ms takes "
+       "the next tier (the database, then the spool), so a primary that dies before "
+       "replicating loses nothing. See docs/operating.rst, 'Redis failover'."),
+    _s("redis", "replica_ack_timeout_ms", "500", _Int(1, 60000, unit="milliseconds"),
+       "Longest wait for the replicas' acknowledgement of one write (WAIT's timeout), in "
+       "milliseconds; only with min_replicas_acked > 0."),
     # [timescale]
     _s("timescale", "dsn", "postgresql://lumio@127.0.0.1:5432/lumio", _Dsn(),
        "The database, as a libpq URI: postgresql://USER@HOST:PORT/DBNAME?PARAM=VALUE. "

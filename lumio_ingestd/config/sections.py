@@ -48,6 +48,10 @@ class RedisConfig:
     socket_timeout_secs: float = _default("redis", "socket_timeout_secs")
     connect_timeout_secs: float = _default("redis", "connect_timeout_secs")
     cluster: bool = _default("redis", "cluster")
+    sentinels: tuple[tuple[str, int], ...] = _default("redis", "sentinels")
+    sentinel_service: str = _default("redis", "sentinel_service")
+    min_replicas_acked: int = _default("redis", "min_replicas_acked")
+    replica_ack_timeout_ms: int = _default("redis", "replica_ack_timeout_ms")
 
     def __repr__(self) -> str:
         return _redacting_repr(self, "url")

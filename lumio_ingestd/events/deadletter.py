@@ -16,7 +16,13 @@ dead-letter list in its order; the retry worker uses it for its own remainder
 after a transient error and for the in-flight lists of dead instances.
 
 Durable when a function returns: whatever Redis acknowledged (subject to its
-own AOF policy; docs/architecture.rst, "What Redis keeps").
+own AOF policy; docs/architecture.rst, "What Redis keeps"); with `[redis]
+min_replicas_acked` on, `park` and `park_many` return only once WAIT says the
+replicas hold the entries too, and raise `NotReplicated` (a Redis error, so
+the caller spools) when they do not confirm in time; `put_back` and
+`quarantine` likewise count as done only once confirmed. A claim or a settle
+the promoted replica never got only leaves entries where they were before
+(replication keeps the primary's order), to be replayed as recovered.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import redis
 
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.quarantine import quarantine_entry
+from lumio_ingestd.stores.replicas import ReplicaAcks, eval_script
 
 # The dead-letter key's TTL, refreshed on every park and every put-back. It
 # is only a far safety net for a deployment whose replayers are all gone:
@@ -36,6 +43,18 @@ from lumio_ingestd.stores.quarantine import quarantine_entry
 # before it fires while any replica runs. 72 h as specified; the [events]
 # section has no key for it (chat's deadletter_ttl_hours is chat's).
 DEADLETTER_TTL_SECS = 72 * 3600
+
+# KEYS[1] dead-letter list; ARGV[1] TTL in ms, ARGV[2..] entries. Appends them and
+# refreshes the TTL in one step (a script rather than MULTI, so that a WAIT can
+# follow it on the same connection). Pushed in chunks: unpack() is bounded.
+_PARK = """
+local n = #ARGV
+for i = 2, n, 1000 do
+    redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, n)))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return n - 1
+"""
 
 # KEYS[1] dead-letter list, KEYS[2] in-flight list; ARGV[1] how many.
 # Returns the claimed entries, oldest first.
@@ -81,6 +100,14 @@ redis.call('LTRIM', KEYS[1], n, -1)
 return 1
 """
 
+# KEYS[1] quarantine, KEYS[2] in-flight list; ARGV[1] the quarantine entry, ARGV[2] the
+# in-flight entry. The MULTI of `quarantine` as one script, so a WAIT can follow it.
+_QUARANTINE = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+return 1
+"""
+
 # How many entries one claim takes; bounds Lua's unpack() and what a put-back moves.
 MAX_CLAIM = 500
 
@@ -88,8 +115,11 @@ MAX_CLAIM = 500
 class DeadLetters:
     """The dead-letter, in-flight and quarantine lists of every account."""
 
-    def __init__(self, client: redis.Redis, ttl_secs: float = DEADLETTER_TTL_SECS) -> None:
+    def __init__(self, client: redis.Redis, ttl_secs: float = DEADLETTER_TTL_SECS, *,
+                 acks: ReplicaAcks | None = None) -> None:
         self._client = client
+        #: WAIT after a park (`min_replicas_acked`); None: a park is done once Redis took it.
+        self._acks = acks
         self.ttl_ms = max(1, int(ttl_secs * 1000))
         self._claim = client.register_script(_CLAIM)
         self._put_back = client.register_script(_PUT_BACK)
@@ -98,10 +128,14 @@ class DeadLetters:
     def park(self, account_id: int, entries: Sequence[bytes]) -> None:
         """Append entries to the account's dead-letter list and refresh its TTL, atomically."""
         key = rediskeys.events_deadletter(account_id)
-        pipe = self._client.pipeline(transaction=True)
-        pipe.rpush(key, *entries)
-        pipe.pexpire(key, self.ttl_ms)
-        pipe.execute()
+        if self._acks is None:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.rpush(key, *entries)
+            pipe.pexpire(key, self.ttl_ms)
+            pipe.execute()
+            return
+        self._acks.run(key, lambda pipe: eval_script(pipe, _PARK, [key], [self.ttl_ms, *entries]),
+                       write="event")
 
     def park_many(self, by_account: dict[int, list[bytes]]) -> None:
         """`park` for several accounts: one MULTI per account, so each touches one
@@ -147,15 +181,23 @@ class DeadLetters:
     def quarantine(self, account_id: int, instance: str, raw: bytes, reason: str,
                    sqlstate: str | None) -> None:
         """Move one in-flight entry to the account's quarantine, atomically."""
-        pipe = self._client.pipeline(transaction=True)
-        pipe.rpush(rediskeys.events_quarantine(account_id), quarantine_entry(raw, reason, sqlstate))
-        pipe.lrem(rediskeys.events_inflight(account_id, instance), 1, cast(str, raw))
-        pipe.execute()
+        keys = [rediskeys.events_quarantine(account_id), rediskeys.events_inflight(account_id, instance)]
+        entry = quarantine_entry(raw, reason, sqlstate)
+        if self._acks is None:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.rpush(keys[0], entry)
+            pipe.lrem(keys[1], 1, cast(str, raw))
+            pipe.execute()
+            return
+        self._acks.run(keys[0], lambda pipe: eval_script(pipe, _QUARANTINE, keys, [entry, raw]),
+                       write="event_move")
 
     def put_back(self, account_id: int, instance: str) -> int:
         """Move `instance`'s in-flight entries back to the head of the list; how many moved."""
-        moved = self._put_back(
-            keys=[rediskeys.events_deadletter(account_id),
-                  rediskeys.events_inflight(account_id, instance)],
-            args=[self.ttl_ms])
-        return int(moved)
+        keys = [rediskeys.events_deadletter(account_id),
+                rediskeys.events_inflight(account_id, instance)]
+        if self._acks is None:
+            return int(self._put_back(keys=keys, args=[self.ttl_ms]))
+        return int(self._acks.run(keys[0], lambda pipe: eval_script(pipe, _PUT_BACK, keys,
+                                                                     [self.ttl_ms]),
+                                  write="event_move")[0])

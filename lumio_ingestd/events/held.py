@@ -37,6 +37,7 @@ from lumio_ingestd.logs import Throttled
 from lumio_ingestd.model import PlatformEvent
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.replicas import ReplicaAcks
 
 log = logging.getLogger("lumio_ingestd.events.held")
 
@@ -63,8 +64,11 @@ return moved
 
 
 class HeldGifts:
-    def __init__(self, client: redis.Redis, instance: str, *, token: str = PROCESS_TOKEN) -> None:
+    def __init__(self, client: redis.Redis, instance: str, *, token: str = PROCESS_TOKEN,
+                 acks: ReplicaAcks | None = None) -> None:
         self._client = client
+        #: `min_replicas_acked`: a copy counts only once WAIT says the replicas hold it.
+        self._acks = acks
         self.instance = instance
         self.token = token
         self._recover = client.register_script(_RECOVER)
@@ -76,8 +80,12 @@ class HeldGifts:
     def keep(self, ev: PlatformEvent) -> bool:
         """Write the copy before the gift is held; False (logged) when Redis refused it."""
         try:
-            self._client.hset(rediskeys.events_held(ev.account_id, self.instance),
-                              self._field(ev), ev.to_entry())
+            key = rediskeys.events_held(ev.account_id, self.instance)
+            if self._acks is None:
+                self._client.hset(key, self._field(ev), ev.to_entry())
+            else:
+                self._acks.run(key, lambda pipe: pipe.hset(key, self._field(ev), ev.to_entry()),
+                               write="held_gift")
         except REDIS_ERRORS as exc:
             self._failed_log.log(logging.WARNING, "held gift %s (account %d) has no durable copy "
                                  "(Redis: %s); it is held in memory only", ev.id, ev.account_id,

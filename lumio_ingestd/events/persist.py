@@ -15,7 +15,8 @@ it. Then:
   missing table or grant) also raise `db_environmental_errors`;
 - permanent failure (SQLSTATE class 22/23 and the like) -> nothing parked,
   counted `rejected`, the error returned;
-- Redis refuses the park -> the local spool (counted `parked` too: the event
+- Redis refuses the park (or, with `[redis] min_replicas_acked` on, WAIT
+  does not confirm it in time) -> the local spool (counted `parked` too: the event
   waits in the local tier, `spool_records{kind="event"}` tells the tiers
   apart); `lost` only when the spool refuses as well.
 
@@ -28,7 +29,8 @@ directly when Redis is down. Parked records (events/records.py) ride along:
 the same park, or their writer from `EventIngest.records`.
 
 Durable when `persist_event` returns: "stored"/"duplicate" -> committed in
-the database; "parked" -> acknowledged by Redis; "spooled" -> fsynced in the
+the database; "parked" -> acknowledged by Redis (and by
+`min_replicas_acked` replicas); "spooled" -> fsynced in the
 spool; "rejected"/"lost" -> nowhere.
 """
 
@@ -52,6 +54,7 @@ from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import MAX_ENTRY_BYTES, Classified, EntryError, Kind, PersistResult, PlatformEvent
 from lumio_ingestd.outage import Outage
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.replicas import replica_acks
 from lumio_ingestd.stores.spool import SpoolError
 
 log = logging.getLogger("lumio_ingestd.events.persist")
@@ -77,7 +80,8 @@ class EventIngest:
         self._spool = spool
         self.metrics = metrics
         self._timeout = cfg.events.insert_timeout_secs
-        self.deadletters = DeadLetters(redis_client)
+        self.deadletters = DeadLetters(redis_client,
+                                       acks=replica_acks(redis_client, cfg.redis, metrics))
         self._db_outage = Outage("event inserts: the database", log)
 
     # -- the two entry points ------------------------------------------------

@@ -88,6 +88,7 @@ from lumio_ingestd.model import Classified, EntryError, EventChild, Kind, Platfo
 from lumio_ingestd.outage import Outage, describe_redis_error
 from lumio_ingestd.stores import rediskeys
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
+from lumio_ingestd.stores.replicas import replica_acks
 from lumio_ingestd.worker import STOP_GRACE_SECS, IntervalWorker
 
 log = logging.getLogger("lumio_ingestd.events.retry")
@@ -192,7 +193,7 @@ class EventRetryWorker(IntervalWorker):
         self._client = client
         self._pool = pool
         self._insert_timeout = cfg.events.insert_timeout_secs
-        self._dl = DeadLetters(client)
+        self._dl = DeadLetters(client, acks=replica_acks(client, cfg.redis, metrics))
         self._held = HeldGifts(client, self.instance)
         # A few intervals: a holder between two ticks keeps it; a dead holder
         # is replaced within about one TTL plus one interval.

@@ -136,6 +136,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.stores.jetstream import JetstreamStore
     from lumio_ingestd.stores.redisclient import connect
     from lumio_ingestd.stores.refused_frames import FrameQuarantine
+    from lumio_ingestd.stores.replicas import replica_acks
     from lumio_ingestd.stores.seen import SeenDeliveries
     from lumio_ingestd.stores.sessions import StreamSessions
     from lumio_ingestd.stores.seventv import SetStateStore
@@ -191,7 +192,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         seen=seen.__getitem__,
         # Refused frames keep their raw bytes (docs/operating.rst, "Refused frames").
         frames=FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics),
-        held_gifts=HeldGifts(client, cfg.daemon.instance_id),
+        held_gifts=HeldGifts(client, cfg.daemon.instance_id,
+                             acks=replica_acks(client, cfg.redis, metrics)),
         set_states=SetStateStore(pool),
         jetstream=JetstreamStore(pool),
         stats=stats,

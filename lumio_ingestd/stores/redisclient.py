@@ -24,6 +24,7 @@ from redis.connection import (
     parse_url,
 )
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
 from redis.utils import HIREDIS_AVAILABLE
 
 from lumio_ingestd.config import RedisConfig
@@ -119,6 +120,14 @@ class _OneWriteUnix(OneWriteConnection, UnixDomainSocketConnection):
     pass
 
 
+class _OneWriteSentinel(OneWriteConnection, SentinelManagedConnection):
+    pass
+
+
+class _OneWriteSentinelTls(OneWriteConnection, SentinelManagedSSLConnection):
+    pass
+
+
 def _connection_class(url: str) -> type[AbstractConnection]:
     """The one-write variant of the class redis-py picks for `url`'s scheme."""
     chosen = parse_url(url).get("connection_class", Connection)  # type: ignore[no-untyped-call]
@@ -128,7 +137,14 @@ def _connection_class(url: str) -> type[AbstractConnection]:
 
 
 def connect(cfg: RedisConfig) -> redis.Redis:
-    """The client of `[redis]`: one server, or with `cluster = true` a Redis Cluster client.
+    """The client of `[redis]`: one server, the primary the Sentinels name (`sentinels`),
+    or with `cluster = true` a Redis Cluster client.
+
+    Under Sentinel each new connection asks the Sentinels where the primary is;
+    a connection to a primary that died fails (the write takes its next tier)
+    and the next one goes to the replica the Sentinels promoted. A connection
+    to a former primary that came back as a replica answers READONLY, which
+    redis-py turns into a failed connection too.
 
     The cluster client is typed as redis.Redis for the callers: it answers the
     same commands (scripts, pipelines without MULTI across slots, SCAN over
@@ -152,6 +168,8 @@ def connect(cfg: RedisConfig) -> redis.Redis:
             retry=Retry(NoBackoff(), 0),
         )
         return cast(redis.Redis, cluster)
+    if cfg.sentinels:
+        return _sentinel_client(cfg)
     connection_class = _connection_class(cfg.url)
     # TCP only: redis-py's Unix-socket connection refuses keepalive options (TypeError).
     tcp: dict[str, Any] = {} if connection_class is _OneWriteUnix else {"socket_keepalive": True}
@@ -168,6 +186,50 @@ def connect(cfg: RedisConfig) -> redis.Redis:
         retry_on_timeout=False,
         decode_responses=False,
     )
+
+
+def _sentinel_client(cfg: RedisConfig) -> redis.Redis:
+    # The URL gives the database, the user and TLS; its host and port are the Sentinels' to say.
+    options: dict[str, Any] = {
+        key: value for key, value in parse_url(cfg.url).items()  # type: ignore[no-untyped-call]
+        if key not in ("host", "port", "connection_class", "path")}
+    tls = cfg.url.startswith("rediss://")
+    timeouts = {"socket_timeout": cfg.socket_timeout_secs,
+                "socket_connect_timeout": cfg.connect_timeout_secs}
+    sentinel = Sentinel(list(cfg.sentinels),  # type: ignore[no-untyped-call]
+                        sentinel_kwargs={**timeouts, "retry": Retry(NoBackoff(), 0)})
+    if cfg.password is not None:
+        options["password"] = cfg.password.reveal()
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        cfg.sentinel_service,
+        connection_class=_OneWriteSentinelTls if tls else _OneWriteSentinel,
+        socket_keepalive=True,
+        socket_read_size=READ_SIZE,
+        health_check_interval=30,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        decode_responses=False,
+        **timeouts, **options)
+    return client
+
+
+def describe_primary(cfg: RedisConfig, client: redis.Redis) -> str:
+    """Where writes go now, for `status`: the primary the Sentinels name, the Cluster's
+    primaries, or the one server. Raises REDIS_ERRORS (no Sentinel answered)."""
+    if cfg.sentinels:
+        host, port = client.connection_pool.get_master_address()  # type: ignore[attr-defined]
+        return f"{_address(str(host), int(port))} (from Sentinel, service {cfg.sentinel_service!r})"
+    if cfg.cluster:
+        nodes = client.get_primaries()  # type: ignore[attr-defined]
+        return ", ".join(sorted(_address(n.host, int(n.port)) for n in nodes)) + " (Cluster primaries)"
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return _address(str(kwargs.get("host", "")), int(kwargs.get("port", 6379)))
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def check_durability(client: redis.Redis, metrics: Metrics) -> list[str]:

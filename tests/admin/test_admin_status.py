@@ -63,7 +63,7 @@ SCHEMA: dict[str, Any] = {
         "workers": [{"name": OPT_STR, "alive": bool, "healthy": bool}],
     },
     "redis": {
-        "ok": bool, "error": OPT_STR,
+        "ok": bool, "error": OPT_STR, "primary": OPT_STR,
         "instances": [{"instance": str, "pid": OPT_INT, "host": OPT_STR, "last_beat": OPT_STR,
                        "age_secs": OPT_NUM, "ttl_secs": OPT_NUM, "problem": OPT_STR}],
         "leases": [{"lease": str, "holder": OPT_STR, "ttl_secs": OPT_NUM}],
@@ -285,6 +285,7 @@ def test_status_reports_what_redis_the_database_the_spool_and_the_daemon_hold(
     # Redis: every list figure equals what was pushed; malformed keys are not counted.
     r = doc["redis"]
     assert r["ok"] and r["error"] is None and r["problems"] == []
+    assert r["primary"] and redis_url.startswith(f"redis://{r['primary']}/"), r["primary"]
     assert r["lists"]["chat_buffer"] == expected_list(CHAT_BUFFERS)
     assert [x["account"] for x in r["lists"]["chat_buffer"]["largest"]] == list(range(12, 2, -1))
     assert r["lists"]["chat_inflight"] == expected_list(by_account(CHAT_INFLIGHT))

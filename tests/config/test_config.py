@@ -97,7 +97,8 @@ EXPECTED_DEFAULTS: dict[str, dict[str, object]] = {
     },
     "redis": {
         "url": "redis://127.0.0.1:6379/0", "password": None, "socket_timeout_secs": 2.0,
-        "connect_timeout_secs": 2.0, "cluster": False,
+        "connect_timeout_secs": 2.0, "cluster": False, "sentinels": (),
+        "sentinel_service": "mymaster", "min_replicas_acked": 0, "replica_ack_timeout_ms": 500,
     },
     "timescale": {
         "dsn": "postgresql://lumio@127.0.0.1:5432/lumio", "password": None, "pool_size": 5,
@@ -405,6 +406,14 @@ BAD_VALUES = [
     ("redis", "url", "redis://127.0.0.1:6379/zero", "database number"),
     ("redis", "url", "redis:///0", "with a host"),
     ("redis", "url", "unix://relative.sock", "unix:///"),
+    ("redis", "sentinels", "10.0.0.1", 'got "10.0.0.1" in "10.0.0.1"'),
+    ("redis", "sentinels", "10.0.0.1:26379,", "an empty entry"),
+    ("redis", "sentinels", "10.0.0.1:26379,10.0.0.2:99999", 'got "10.0.0.2:99999"'),
+    ("redis", "sentinels", "::1:26379", 'got "::1:26379"'),
+    ("redis", "sentinels", "a:1,a:1", "listed twice"),
+    ("redis", "sentinel_service", "my master", "a Sentinel service name"),
+    ("redis", "min_replicas_acked", "-1", "expected a whole number from 0 to 16"),
+    ("redis", "replica_ack_timeout_ms", "0", "expected a whole number of milliseconds from 1"),
     ("redis", "socket_timeout_secs", "two", "number of seconds > 0"),
     ("chat", "deadletter_ttl_hours", "0", "number of hours > 0"),
     ("chat", "retention_days", "0", "whole number of days >= 1"),
@@ -441,6 +450,19 @@ def test_bad_values(tmp_path: Path, section: str, key: str, value: str, fragment
     line = one_problem(tmp_path, f"[{section}]\n{key} = {value}\n", section, key)
     assert fragment in line, line
     assert ": expected" in line or "comments" in line or "twice" in line
+
+
+def test_sentinels_are_read_as_addresses_and_exclude_a_cluster(tmp_path: Path) -> None:
+    cfg = load(write(tmp_path, "[redis]\nsentinels = 10.0.0.1:26379, [::1]:26380\n"
+                               "min_replicas_acked = 1\n"), {})
+    assert cfg.redis.sentinels == (("10.0.0.1", 26379), ("::1", 26380))
+    assert cfg.redis.min_replicas_acked == 1 and cfg.redis.sentinel_service == "mymaster"
+    line = one_problem(tmp_path, "[redis]\nsentinels = 10.0.0.1:26379\ncluster = true\n",
+                       "redis", "sentinels")
+    assert "cluster = true too" in line
+    line = one_problem(tmp_path, "[redis]\nsentinels = 10.0.0.1:26379\n"
+                                 "url = unix:///run/redis.sock\n", "redis", "sentinels")
+    assert "redis:// or rediss://" in line
 
 
 def test_the_message_quotes_what_was_got(tmp_path: Path) -> None:

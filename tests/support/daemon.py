@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +240,16 @@ def assert_exactly_once(stored: tuple[dict[str, int], dict[str, int]], totals: S
     assert set(events) == totals.event_ids(), "events stored that the run did not report"
     assert all(n == 1 for n in events.values()), {k: n for k, n in events.items() if n != 1}
     assert totals.events == len(totals.event_ids())
+
+
+def metric_value(port: int, name: str, labels: str = "") -> float:
+    """One sample of the daemon's /metrics on `port`: `name{...}` whose labels contain `labels`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if (line.startswith(f"{name}{{") or line.startswith(f"{name} ")) and labels in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name}{{{labels}}} in the metrics")
 
 
 def run_app(app: App, driver: Callable[[Callable[[], None]], None]) -> RunResult:

@@ -5,6 +5,13 @@ of servers.py, so the harness's cleanup covers them), joined by
 `redis-cli --cluster create ... --cluster-replicas 1 --cluster-yes`. A short
 `cluster-node-timeout` makes a replica take over within seconds when its
 primary is killed (`kill_primary_of(key)`).
+
+`start()` returns only once every replica has finished its first full sync
+(`synced()`): `cluster_state:ok` comes seconds before that (the replicas'
+diskless sync waits `repl-diskless-sync-delay`), and a replica promoted
+before it holds nothing at all, so a kill then loses the whole primary's
+data, not a replication lag's worth. A restarted node is a replica that
+syncs again: wait on `synced()` before the next kill too.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from types import TracebackType
 from typing import Self
 
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 from .servers import HarnessError, RedisServer, find_redis_server, free_port, wait_until
 
@@ -47,6 +54,8 @@ class RedisClusterServers:
                 "--cluster-config-file", str(self.workdir / f"node-{i}" / "nodes.conf"),
                 "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
                 "--cluster-replica-validity-factor", "0",
+                # A restarted node syncs at once instead of after 5 s.
+                "--repl-diskless-sync-delay", "0",
                 "--appendonly", "yes", "--appendfsync", "everysec"))
             for i in range(nodes)]
 
@@ -67,7 +76,49 @@ class RedisClusterServers:
             raise HarnessError(f"redis-cli --cluster create failed: {result.stdout}\n{result.stderr}")
         if not wait_until(self._ok, 30):
             raise HarnessError("the cluster did not reach cluster_state:ok")
+        self.wait_synced()
         return self
+
+    def wait_synced(self, timeout: float = 30.0) -> None:
+        if not wait_until(self.synced, timeout):
+            raise HarnessError("the cluster's replicas did not finish their sync")
+
+    def synced(self) -> bool:
+        """Every running replica's link is up and it holds all its primary wrote so far."""
+        offsets: dict[int, int] = {}
+        replicas: list[tuple[int, int]] = []
+        for server in self.servers:
+            if not server.running:
+                continue
+            client = server.client()
+            try:
+                info = client.info("replication")
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+            if info.get("role") == "master":
+                offsets[server.port] = int(info.get("master_repl_offset", 0))
+            elif info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
+                return False
+            else:
+                replicas.append((int(info["master_port"]), int(info.get("slave_repl_offset", -1))))
+        return all(offset >= offsets.get(primary, 0) for primary, offset in replicas)
+
+    def replicas_of(self, primary: RedisServer) -> list[RedisServer]:
+        """The running servers that replicate `primary`."""
+        found = []
+        for server in self.servers:
+            if server is primary or not server.running:
+                continue
+            client = server.client()
+            try:
+                info = client.info("replication")
+            finally:
+                client.close()
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == primary.port:
+                found.append(server)
+        return found
 
     def _ok(self) -> bool:
         """Every running node says cluster_state:ok."""
@@ -91,7 +142,10 @@ class RedisClusterServers:
         return True
 
     def client(self) -> RedisCluster:
-        return RedisCluster.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=1.0)
+        """A client that starts from every running node (the first may be a killed one)."""
+        nodes = [ClusterNode(s.host, s.port)  # type: ignore[no-untyped-call]
+                 for s in self.servers if s.running and not s.paused]
+        return RedisCluster(startup_nodes=nodes, socket_timeout=2.0, socket_connect_timeout=1.0)
 
     def primary_of(self, key: str) -> RedisServer:
         client = self.client()
@@ -104,10 +158,28 @@ class RedisClusterServers:
                 return server
         raise HarnessError(f"no server on port {node.port}")
 
-    def kill_primary_of(self, key: str, *, timeout: float = 20.0) -> RedisServer:
-        """SIGKILL the primary serving `key`; returns once a replica took its slots over."""
+    def kill_primary_of(self, key: str, *, timeout: float = 20.0,
+                        lag_secs: float = 0.0) -> RedisServer:
+        """SIGKILL the primary serving `key`; returns once a replica took its slots over.
+
+        `lag_secs` > 0: its replicas are stopped (SIGSTOP) and their links cut
+        (CLIENT KILL TYPE replica) that long before the kill, and let go right
+        after it, so the one promoted lags the primary by that much (what a
+        network blip or a slow replica does).
+        """
         victim = self.primary_of(key)
+        lagging = self.replicas_of(victim) if lag_secs > 0 else []
+        for replica in lagging:
+            replica.pause()
+        if lagging:
+            # A stopped replica alone lags nothing on loopback: the stream waits in its
+            # socket buffer and is read on SIGCONT. Cutting the link too makes the
+            # primary keep what follows in its backlog, which dies with it.
+            _cut_replica_links(victim)
+            time.sleep(lag_secs)  # the lag itself: writes the replicas do not get
         victim.kill()
+        for replica in lagging:
+            replica.resume()
         deadline = time.monotonic() + timeout
 
         def promoted() -> bool:
@@ -130,3 +202,11 @@ class RedisClusterServers:
     def __exit__(self, t: type[BaseException] | None, v: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _cut_replica_links(primary: RedisServer) -> None:
+    client = primary.client()
+    try:
+        client.execute_command("CLIENT", "KILL", "TYPE", "replica")  # type: ignore[no-untyped-call]
+    finally:
+        client.close()
