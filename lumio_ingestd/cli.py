@@ -21,6 +21,7 @@ import psycopg2
 from lumio_ingestd import __version__, exitcodes
 from lumio_ingestd.admin import commands as admin
 from lumio_ingestd.config import Config, ConfigError, load, redacted_lines, resolve_path
+from lumio_ingestd.db.compression import ensure_compression
 from lumio_ingestd.db.errors import DatabaseUnavailable, classify
 from lumio_ingestd.db.migrate import MigrationError, MigrationLockTimeout, migrate
 from lumio_ingestd.logs import setup_logging
@@ -208,6 +209,18 @@ def _migrate(cfg: Config) -> int:
         log.info("migrate: applied %s", ", ".join(f"{m.version:04d}_{m.name}" for m in applied))
     else:
         log.info("migrate: schema is up to date")
+    try:
+        # Not a migration: the policies follow a configuration key, not the schema.
+        state = ensure_compression(cfg.timescale)
+    except psycopg2.OperationalError as exc:
+        log.error("migrate: cannot reach the database: %s", str(exc).strip())
+        return exitcodes.UNAVAILABLE
+    except psycopg2.Error as exc:
+        log.error("migrate: setting up compression failed: %s", str(exc).strip())
+        return exitcodes.SOFTWARE
+    if state.policies:
+        log.info("migrate: compression policies (chunks older than %g h): %s",
+                 state.hours, ", ".join(sorted(state.policies)))
     return exitcodes.OK
 
 

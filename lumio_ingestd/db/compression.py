@@ -27,7 +27,7 @@ reports. When `run_policies` returns: every chunk it compressed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -81,13 +81,21 @@ class TableStorage:
 
 
 @contextmanager
-def _session(cfg: TimescaleConfig, purpose: str) -> Iterator[Connection]:
+def session(cfg: TimescaleConfig, on_open: Callable[[Connection | None], None] | None = None,
+            ) -> Iterator[Connection]:
+    """A connection of its own, autocommit, no statement timeout (compressing a chunk
+    takes as long as it takes); `on_open` is told of it and, at the end, of None
+    (so a stopping worker can cancel what runs on it)."""
     conn = psycopg2.connect(cfg.dsn, **connect_kwargs(
-        cfg, application_name=f"lumio-ingestd/{purpose}", statement_timeout_secs=0))
+        cfg, application_name="lumio-ingestd/compression", statement_timeout_secs=0))
+    if on_open is not None:
+        on_open(conn)
     try:
         conn.autocommit = True
         yield conn
     finally:
+        if on_open is not None:
+            on_open(None)
         conn.close()
 
 
@@ -156,7 +164,7 @@ def enable_columnstore(conn: Connection, table: str) -> None:
 def ensure_compression(cfg: TimescaleConfig) -> CompressionState:
     """Make compression settings and policies match `cfg.compress_after_hours`."""
     hours = cfg.compress_after_hours
-    with _session(cfg, "compression") as conn:
+    with session(cfg) as conn:
         version = timescaledb_version(conn)
         if version is None:
             note = "the database is not TimescaleDB"
@@ -205,10 +213,11 @@ def ensure_compression(cfg: TimescaleConfig) -> CompressionState:
         return CompressionState(version, hours, policies)
 
 
-def run_policies(cfg: TimescaleConfig) -> dict[str, int]:
+def run_policies(cfg: TimescaleConfig,
+                 on_open: Callable[[Connection | None], None] | None = None) -> dict[str, int]:
     """Run each table's columnstore policy job now; return table -> chunks it compressed."""
     done: dict[str, int] = {}
-    with _session(cfg, "compression") as conn:
+    with session(cfg, on_open) as conn:
         if timescaledb_version(conn) is None:
             return done
         jobs = policy_jobs(conn)
