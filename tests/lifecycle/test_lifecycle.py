@@ -34,6 +34,7 @@ from lumio_ingestd.stores.rediskeys import (
 )
 from support import make_config
 from support.harness.servers import PostgresServer, wait_until
+from support.timescale import compress_all
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -435,3 +436,31 @@ def test_lifecycle_of_a_user_with_150k_rows_is_exact(cfg: Config, pool: Pool,
     with pool.transaction() as cur:
         assert rows(cur, "SELECT user_id = 'big', count(*) FROM chat_messages GROUP BY 1") == {
             (False, 75_000)}
+
+
+def test_retention_leaves_younger_compressed_chunks_compressed(tmp_path: Path, timescale_url: str) -> None:
+    """Retention's batches are bounded by the horizon: they reach the one chunk that
+    straddles it, not the compressed chunks after it. (Without the bound, each batch's
+    outer scan decompressed every one of them into its uncompressed part.)"""
+    c = make_config(tmp_path, pg_url=timescale_url)
+    migrate(c.timescale)
+    horizon = datetime.now(UTC) - timedelta(days=c.chat.retention_days)
+    with psycopg2.connect(timescale_url) as conn, conn.cursor() as cur:
+        cur.execute("""INSERT INTO chat_messages (account_id, platform, message_id, created_at, user_id)
+                       SELECT 1 + i %% 3, 'twitch', 'm' || i, %s + make_interval(secs => -50000 + i * 10), 'u'
+                         FROM generate_series(1, 30000) i""", (horizon,))
+    compress_all(timescale_url)
+    p = Pool(c.timescale)
+    try:
+        report = run_retention(p, c, batch_size=1000)
+    finally:
+        p.close()
+    assert report.deleted["chat_messages"] == 5000
+    with psycopg2.connect(timescale_url) as conn, conn.cursor() as cur:
+        cur.execute("""SELECT format('%%I.%%I', chunk_schema, chunk_name) FROM timescaledb_information.chunks
+                        WHERE hypertable_name = 'chat_messages' AND range_start > %s""", (horizon,))
+        younger = [r[0] for r in cur.fetchall()]
+        assert len(younger) >= 2
+        for chunk in younger:
+            cur.execute(f"SELECT count(*) FROM ONLY {chunk}")  # rows outside its compressed batches
+            assert cur.fetchone() == (0,), chunk
