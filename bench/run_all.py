@@ -30,6 +30,11 @@ lumio_ingestd.devkit.servers, and the Twitch stand-in in a child process):
 (f) what `[redis] min_replicas_acked = 1` costs, beside 0, on a primary with
     one replica, in alternating pairs: chat end to end and `persist_event`
     p99, stored inline and parked (bench_replicas.py).
+(g) chat storage: bytes per row of 1,000,000 chat rows over 1,000 accounts
+    and 10 days on plain PostgreSQL, on TimescaleDB uncompressed and
+    compressed (where it is installed), the time to compress them, and the
+    time of "last 100 messages of one account" and "messages per minute of
+    one account over a day" on each (bench_storage.py).
 
 Progress goes to standard error. `--quick` makes every part small (a smoke
 run, not figures to quote). Not a test: nothing here asserts a speed.
@@ -54,6 +59,7 @@ import bench_chat_drain  # noqa: E402
 import bench_daemon  # noqa: E402
 import bench_kick  # noqa: E402
 import bench_replicas  # noqa: E402
+import bench_storage  # noqa: E402
 import bench_wire  # noqa: E402
 import bench_wire_sockets  # noqa: E402
 from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
@@ -68,7 +74,8 @@ FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naiv
         "daemon": {"rates": (0.0, 2000.0, 5000.0), "runs": 3, "load_secs": 3.0},
         "sockets": {"sockets": 500, "wave": 50},
         "kick": {"messages": 20_000, "runs": 3},
-        "replicas": {"messages": 50_000, "events": 1000, "runs": 3}}
+        "replicas": {"messages": 50_000, "events": 1000, "runs": 3},
+        "storage": {"rows": 1_000_000, "accounts": 1000, "days": 10}}
 QUICK: dict[str, dict[str, Any]] = {"wire": {"messages": 5_000, "runs": 1, "naive": 500},
          "wire_sockets": {"messages": 5_000, "runs": 1, "sockets": (1, 4, 16), "replica_sockets": (1, 8)},
          "events": {"events": 200, "down": 20, "blackhole": 1, "replay": 2000, "accounts": 20},
@@ -76,7 +83,8 @@ QUICK: dict[str, dict[str, Any]] = {"wire": {"messages": 5_000, "runs": 1, "naiv
          "daemon": {"rates": (0.0, 2000.0), "runs": 1, "load_secs": 1.0},
          "sockets": {"sockets": 50, "wave": 50},
          "kick": {"messages": 2_000, "runs": 1},
-         "replicas": {"messages": 3_000, "events": 100, "runs": 1}}
+         "replicas": {"messages": 3_000, "events": 100, "runs": 1},
+         "storage": {"rows": 20_000, "accounts": 100, "days": 10}}
 
 
 def _version(cmd: list[str]) -> str:
@@ -152,8 +160,33 @@ def sockets_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def storage_rows(g: dict[str, Any]) -> list[tuple[str, str]]:
+    """(g): bytes per chat row and the two account queries, per storage."""
+    plain = g["plain"]
+    rows = [(f"(g) chat storage, {g['rows']:,} rows, {g['accounts']:,} accounts, {g['days']} days",
+             ""),
+            ("    plain PostgreSQL: bytes per row", f"{plain['uncompressed']['bytes_per_row']:.0f} B")]
+    variants = [("plain PostgreSQL", plain["uncompressed"])]
+    ts = g.get("timescaledb")
+    if ts is None:
+        rows.append(("    TimescaleDB", "not installed"))
+    else:
+        rows += [("    TimescaleDB uncompressed: bytes per row",
+                  f"{ts['uncompressed']['bytes_per_row']:.0f} B"),
+                 ("    TimescaleDB compressed: bytes per row", f"{ts['compressed']['bytes_per_row']:.0f} B"),
+                 ("    compressed / uncompressed", f"{ts['ratio']:.3f}"),
+                 (f"    time to compress ({ts['chunks']} chunks)", f"{ts['compress_secs']:.1f} s")]
+        variants += [("TimescaleDB uncompressed", ts["uncompressed"]),
+                     ("TimescaleDB compressed", ts["compressed"])]
+    for name, v in variants:
+        rows.append((f"    {name}: last 100 / per minute over a day",
+                     f"{v['last_100_ms']:.1f} / {v['per_minute_day_ms']:.1f} ms"))
+    return rows
+
+
 def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
-          d: dict[str, Any], e: dict[str, Any], f: dict[str, Any]) -> list[tuple[str, str]]:
+          d: dict[str, Any], e: dict[str, Any], f: dict[str, Any],
+          g: dict[str, Any]) -> list[tuple[str, str]]:
     med = a["median"]
     rows = [
         ("(a) chat: WebSocket frames -> committed rows", f"{med['end_to_end']:,.0f} msg/s"),
@@ -221,6 +254,7 @@ def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
         ("    persist_event p99 parked (database refusing), 0 / 1",
          f"{fm['parked_p99_ms']['0']:.2f} / {fm['parked_p99_ms']['1']:.2f} ms"),
     ]
+    rows += storage_rows(g)
     return rows
 
 
@@ -244,7 +278,8 @@ def main() -> int:
     d, td = _timed("(d) idle sockets", lambda: idle_sockets(**sizes["sockets"]))
     e, te = _timed("(e) Kick chat end to end", lambda: bench_kick.run(**sizes["kick"]))
     f, tf = _timed("(f) min_replicas_acked 0 / 1", lambda: bench_replicas.run(**sizes["replicas"]))
-    rows = table(a, b, c, d, e, f)
+    g, tg = _timed("(g) chat storage", lambda: bench_storage.run(**sizes["storage"]))
+    rows = table(a, b, c, d, e, f, g)
     total = time.monotonic() - started
 
     print(f"lumio-ingestd benchmarks: {info['nproc']} CPUs ({info['cpu_model']}), {info['ram_gib']} GiB RAM, "
@@ -260,11 +295,11 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "machine": info, "quick": args.quick,
-        "seconds": {"a": ta, "b": tb, "c": tc, "d": td, "e": te, "f": tf, "total": total},
+        "seconds": {"a": ta, "b": tb, "c": tc, "d": td, "e": te, "f": tf, "g": tg, "total": total},
         "table": [{"measure": label.strip(), "result": value} for label, value in rows],
         "a_chat_end_to_end": a, "b_events": b, "c_shutdown": c, "d_idle_sockets": d,
-        "e_kick_chat": e, "f_min_replicas_acked": f,
-    }, indent=2) + "\n")
+        "e_kick_chat": e, "f_min_replicas_acked": f, "g_storage": g,
+    }, indent=2, default=str) + "\n")
     print(f"written to {out.relative_to(ROOT)}")
     return 0
 

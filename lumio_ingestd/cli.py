@@ -21,9 +21,11 @@ import psycopg2
 from lumio_ingestd import __version__, exitcodes
 from lumio_ingestd.admin import commands as admin
 from lumio_ingestd.config import Config, ConfigError, load, redacted_lines, resolve_path
-from lumio_ingestd.db.errors import DatabaseUnavailable
+from lumio_ingestd.db.compression import ensure_compression
+from lumio_ingestd.db.errors import DatabaseUnavailable, classify
 from lumio_ingestd.db.migrate import MigrationError, MigrationLockTimeout, migrate
 from lumio_ingestd.logs import setup_logging
+from lumio_ingestd.model import Kind
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 
 log = logging.getLogger("lumio_ingestd")
@@ -167,11 +169,21 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         return handlers[command](cfg)
     except _UNAVAILABLE as exc:
+        if _refused_by_database(exc):
+            log.error("%s: the database refused it: %s", command, str(exc).strip())
+            return exitcodes.SOFTWARE
         log.error("%s: a required service is unavailable: %s", command, str(exc).strip())
         return exitcodes.UNAVAILABLE
     except Exception:
         log.exception("%s failed with an internal error", command)
         return exitcodes.SOFTWARE
+
+
+def _refused_by_database(exc: Exception) -> bool:
+    """An error psycopg2 raises as OperationalError that is no outage: the server
+    refused the work itself (TimescaleDB's decompression limit, SQLSTATE 53400),
+    and would refuse it again."""
+    return bool(getattr(exc, "pgcode", None)) and classify(exc).kind is Kind.PERMANENT
 
 
 def _check_config(cfg: Config) -> int:
@@ -197,6 +209,18 @@ def _migrate(cfg: Config) -> int:
         log.info("migrate: applied %s", ", ".join(f"{m.version:04d}_{m.name}" for m in applied))
     else:
         log.info("migrate: schema is up to date")
+    try:
+        # Not a migration: the policies follow a configuration key, not the schema.
+        state = ensure_compression(cfg.timescale)
+    except psycopg2.OperationalError as exc:
+        log.error("migrate: cannot reach the database: %s", str(exc).strip())
+        return exitcodes.UNAVAILABLE
+    except psycopg2.Error as exc:
+        log.error("migrate: setting up compression failed: %s", str(exc).strip())
+        return exitcodes.SOFTWARE
+    if state.policies:
+        log.info("migrate: compression policies (chunks older than %g h): %s",
+                 state.hours, ", ".join(sorted(state.policies)))
     return exitcodes.OK
 
 

@@ -288,6 +288,21 @@ class Metrics:
             "jetstream_cursor_gaps", "Resumes from a cursor older than the server's assumed "
             "retention: events in between may be missing", registry=r)
 
+        # -- timescaledb compression ------------------------------------------
+        self.timescale_chunks = Gauge(
+            "timescale_chunks", "Chunks of chat_messages and events, by table and state "
+            "(compressed, uncompressed), at the last compression run", ["table", "state"], registry=r)
+        self.timescale_bytes = Gauge(
+            "timescale_bytes", "Bytes of chat_messages and events by table and state: "
+            "compressed_before (what the compressed chunks took before), compressed_after "
+            "(what they take), uncompressed (the other chunks), at the last compression run",
+            ["table", "state"], registry=r)
+        self.timescale_compression_runs = Counter(
+            "timescale_compression_runs", "Runs of the compression policies by this process, "
+            "by result (ok, failed)", ["result"], registry=r)
+        for result in ("ok", "failed"):
+            self.timescale_compression_runs.labels(result)
+
         # -- 7tv -------------------------------------------------------------
         # Connections, closes, refused frames and subscriptions are the shared
         # source_* metrics with platform="seventv".

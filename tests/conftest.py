@@ -29,6 +29,7 @@ from support.harness import (  # noqa: E402
     install_signal_cleanup,
 )
 from support.harness import free_port as _free_port  # noqa: E402
+from support.timescale import NEEDS_TIMESCALEDB, compress_all  # noqa: E402
 
 # seconds each session server took to start (reported in the terminal summary)
 _START_TIMES: dict[str, float] = {}
@@ -125,6 +126,33 @@ def pg_dsn(pg_server: PostgresServer, request: pytest.FixtureRequest) -> Iterato
 def pg_url(pg_server: PostgresServer, pg_dsn: str) -> str:
     """The same fresh database as `pg_dsn`, as the postgresql:// URL the config takes."""
     return pg_server.url(dbname_of(pg_dsn))
+
+
+@pytest.fixture
+def timescale_url(pg_server: PostgresServer, pg_url: str) -> str:
+    """`pg_url` on a server that preloads TimescaleDB; the test is skipped, saying so,
+    where TimescaleDB is not installed (the rest of the suite runs without it)."""
+    if not pg_server.timescaledb:
+        pytest.skip(NEEDS_TIMESCALEDB)
+    return pg_url
+
+
+@pytest.fixture(params=["uncompressed", "compressed"])
+def compress(request: pytest.FixtureRequest, pg_server: PostgresServer) -> Callable[[str], int]:
+    """Runs a test twice: `compress(url)` does nothing, then compresses every chunk of
+    chat_messages and events (`support.timescale.compress_all`) and returns how many are
+    compressed. The compressed run is skipped, saying so, without TimescaleDB."""
+    if request.param == "uncompressed":
+        return lambda url: 0
+    if not pg_server.timescaledb:
+        pytest.skip(NEEDS_TIMESCALEDB)
+
+    def run(url: str) -> int:
+        n = compress_all(url)
+        assert n > 0, "nothing was compressed: the test would not test compressed chunks"
+        return n
+
+    return run
 
 
 # -- private servers (for tests that stop, kill, pause or fill them) ---------------

@@ -7,8 +7,10 @@ It reads, and never changes:
   primaries, or the one server), the instances' heartbeats, the lease holders with their TTL, and per
   kind of list (chat buffers, chat and event in-flight lists, dead letters,
   quarantines) the total, the number of accounts and the ten largest;
-- the database: the migrations applied (and those shipped but not applied)
-  and the Jetstream cursors with their lag;
+- the database: the migrations applied (and those shipped but not applied),
+  the Jetstream cursors with their lag, and on TimescaleDB its version and,
+  per table, the compressed and uncompressed chunks with their bytes (the
+  compressed ones before and after compression);
 - the local spool (`spool.inspect`, without its lock): size, records, the
   oldest record, and which process holds it;
 - the local daemon's snapshot `STATE_DIR/status.json` (`runtime/localstate.py`): its
@@ -44,6 +46,7 @@ import redis
 from lumio_ingestd import exitcodes
 from lumio_ingestd.cluster.instances import parse_heartbeat
 from lumio_ingestd.config import Config
+from lumio_ingestd.db.compression import storage, timescaledb_version
 from lumio_ingestd.db.migrate import packaged_migrations
 from lumio_ingestd.db.pool import connect_kwargs
 from lumio_ingestd.runtime.localstate import pid_running, read_snapshot, snapshot_path
@@ -226,7 +229,8 @@ def _read_redis(client: redis.Redis, now: float, out: dict[str, Any]) -> None:
 def _database(cfg: Config, now: float) -> dict[str, Any]:
     shipped = packaged_migrations()
     out: dict[str, Any] = {"ok": False, "error": None,
-                           "migrations": {"applied": [], "pending": []}, "jetstream_cursors": []}
+                           "migrations": {"applied": [], "pending": []}, "jetstream_cursors": [],
+                           "timescaledb": None, "storage": []}
     try:
         conn = psycopg2.connect(cfg.timescale.dsn, **connect_kwargs(
             cfg.timescale, application_name="lumio-ingestd/status", statement_timeout_secs=10))
@@ -263,6 +267,8 @@ def _database(cfg: Config, now: float) -> dict[str, Any]:
             "pending": [{"version": m.version, "name": m.name} for m in shipped
                         if m.version not in applied]}
         out["jetstream_cursors"] = cursors
+        out["timescaledb"] = timescaledb_version(conn)
+        out["storage"] = [t.as_dict() for t in storage(conn) or []]
         out["ok"] = True
     except psycopg2.Error as exc:
         out["error"] = _error(exc)
@@ -483,6 +489,25 @@ def _render_database(o: _Out, d: dict[str, Any]) -> None:
     for c in cursors:
         o.add(f"    {_cut(c['name'], 30):<30} at {c['cursor_at'] or 'an unreadable time'}  "
               f"lag {_age(c['lag_secs'])}")
+    if d["timescaledb"] is None:
+        o.add("  plain PostgreSQL (no TimescaleDB): nothing is compressed")
+        return
+    o.add(f"  TimescaleDB {_cut(d['timescaledb'], 20)}: chunks and bytes per table")
+    for t in d["storage"]:
+        before, after = t["compressed_before_bytes"], t["compressed_after_bytes"]
+        ratio = f" ({before / after:.1f}x)" if after else ""
+        o.add(f"    {t['table']:<14} compressed {t['compressed_chunks']:>5}: {_bytes(before)} -> "
+              f"{_bytes(after)}{ratio};  uncompressed {t['uncompressed_chunks']:>5}: "
+              f"{_bytes(t['uncompressed_bytes'])}")
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
 
 
 def spool_lines(section: dict[str, Any]) -> list[str]:

@@ -25,7 +25,14 @@ from lumio_ingestd.config.kinds import (
     _url_has_password,
 )
 from lumio_ingestd.config.schema import _ACCOUNT_NAME, _BY_SECTION, _FIXED_SECTIONS, Setting
-from lumio_ingestd.config.sections import _SECTION_CLASSES, AccountConfig, Config
+from lumio_ingestd.config.sections import (
+    _SECTION_CLASSES,
+    CHUNK_INTERVAL_HOURS,
+    DEADLETTER_HORIZON_HOURS,
+    AccountConfig,
+    Config,
+    min_compress_after_hours,
+)
 
 # ---------------------------------------------------------------------------
 # Loading
@@ -220,6 +227,7 @@ def _check_across(
         problems.append(ConfigProblem(path, "redis", "sentinels",
                                       "is set but url is a unix:// socket; with Sentinels url must "
                                       "be redis:// or rediss:// (its host and port are not used)"))
+    _check_compression(path, sections, problems)
     owners: dict[tuple[str, str], int] = {}
     for account in accounts:
         section = f"account.{account.account_id}"
@@ -239,6 +247,24 @@ def _check_across(
                     ConfigProblem(where, section, key, f'"{value}" is also the {key} of [account.{first}]'
                                   + _in_file(origins, first, where))
                 )
+
+
+def _check_compression(path: str, sections: Mapping[str, Mapping[str, Any] | None],
+                       problems: list[ConfigProblem]) -> None:
+    """A compressed chunk must be out of reach of every late replay (docs/operating.rst,
+    "Compression")."""
+    timescale, chat = sections.get("timescale"), sections.get("chat")
+    if not timescale or not chat:
+        return
+    hours = timescale["compress_after_hours"]
+    floor = min_compress_after_hours(chat["deadletter_ttl_hours"])
+    if 0 < hours <= floor:
+        horizon = max(DEADLETTER_HORIZON_HOURS, chat["deadletter_ttl_hours"])
+        problems.append(ConfigProblem(
+            path, "timescale", "compress_after_hours",
+            f"{hours:g} h would compress chunks a late replay can still reach: dead letters and "
+            f"parked events are replayed up to {horizon:g} h late, and a chunk of events spans "
+            f"{CHUNK_INTERVAL_HOURS['events'] / 24:g} days; use 0 (off) or more than {floor:g}"))
 
 
 def _in_file(origins: Mapping[int, str] | None, account_id: int, here: str) -> str:

@@ -210,6 +210,13 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "Further attempts at the migrations after one gave up; 0 = try once."),
     _s("timescale", "migration_retry_interval_secs", "5", _SECONDS,
        "Pause between two migration attempts, in seconds."),
+    _s("timescale", "compress_after_hours", "0", _Float(unit="hours", inclusive=True),
+       "TimescaleDB only: chunks of chat_messages and events whose data is older than this "
+       "are compressed (segmented by account, ordered by time), by a columnstore policy the "
+       "daemon also runs itself. 0 = off. Must be above the dead-letter horizon (72 h, or "
+       "[chat] deadletter_ttl_hours if longer) plus one chunk interval of events (7 days), "
+       "so that a late replay finds its chunk uncompressed. On plain PostgreSQL a value "
+       "above 0 only logs a warning.", example="0"),
     # [chat]
     _s("chat", "flush_interval_secs", "5", _SECONDS,
        "How often the chat buffers in Redis are written to the database, in seconds."),

@@ -57,6 +57,21 @@ class RedisConfig:
         return _redacting_repr(self, "url")
 
 
+# How far back a late write can reach: a parked event or a chat dead letter
+# is replayed up to 72 h after it was made (chat's dead letters for as long as
+# [chat] deadletter_ttl_hours keeps them, when that is longer).
+DEADLETTER_HORIZON_HOURS: Final = 72.0
+# The chunk intervals migration 0002 gives the hypertables. Compression works
+# on whole chunks, so a compression age must clear the horizon by one of the
+# longer (events') intervals.
+CHUNK_INTERVAL_HOURS: Final[Mapping[str, float]] = {"chat_messages": 24.0, "events": 168.0}
+
+
+def min_compress_after_hours(chat_deadletter_ttl_hours: float) -> float:
+    """The value `compress_after_hours` must exceed (when it is not 0)."""
+    return max(DEADLETTER_HORIZON_HOURS, chat_deadletter_ttl_hours) + max(CHUNK_INTERVAL_HOURS.values())
+
+
 @dataclass(frozen=True, slots=True)
 class TimescaleConfig:
     dsn: str = _default("timescale", "dsn")
@@ -70,6 +85,7 @@ class TimescaleConfig:
     migration_lock_timeout_secs: float = _default("timescale", "migration_lock_timeout_secs")
     migration_retries: int = _default("timescale", "migration_retries")
     migration_retry_interval_secs: float = _default("timescale", "migration_retry_interval_secs")
+    compress_after_hours: float = _default("timescale", "compress_after_hours")
 
     def __repr__(self) -> str:
         return _redacting_repr(self, "dsn")

@@ -55,6 +55,11 @@ _EXACT: dict[str, Kind] = {
     "57P05": Kind.TRANSIENT,  # idle_session_timeout
     "25006": Kind.TRANSIENT,  # read_only_sql_transaction: a failover in progress
     "25P03": Kind.TRANSIENT,  # idle_in_transaction_session_timeout
+    # TimescaleDB's "tuple decompression limit exceeded by operation": a write
+    # touched more rows of compressed chunks than one transaction may
+    # decompress. The same write fails the same way however often it is
+    # retried, so it is not an outage (class 53 would say so).
+    "53400": Kind.PERMANENT,  # configuration_limit_exceeded
     "42P01": Kind.ENVIRONMENTAL,  # undefined_table
     "42703": Kind.ENVIRONMENTAL,  # undefined_column
     "42883": Kind.ENVIRONMENTAL,  # undefined_function

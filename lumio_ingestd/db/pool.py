@@ -47,7 +47,14 @@ def connect_kwargs(cfg: TimescaleConfig, *, application_name: str,
     stmt = cfg.statement_timeout_secs if statement_timeout_secs is None else statement_timeout_secs
     options = (
         f"-c statement_timeout={int(stmt * 1000)} "
-        r"-c default_transaction_isolation=read\ committed"
+        r"-c default_transaction_isolation=read\ committed "
+        # TimescaleDB caps the rows one transaction may decompress to write into or
+        # delete from compressed chunks (100,000 by default), failing the rest with
+        # SQLSTATE 53400: a late chat batch checked for duplicates against its compressed
+        # chunk, or a GDPR erasure across months of compressed chat, would fail every
+        # time. The statement timeout bounds that work instead. On plain PostgreSQL this
+        # is an inert placeholder setting.
+        "-c timescaledb.max_tuples_decompressed_per_dml_transaction=0"
     )
     if extra_options:
         options += " " + extra_options

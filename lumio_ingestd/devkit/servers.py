@@ -8,7 +8,9 @@ install_signal_cleanup) kills whatever is still running and removes the temp
 dirs, so nothing outlives the process that started them.
 
 PostgreSQL: initdb runs once per process (template_datadir); each server
-copies that data directory.  When we are root, initdb and postgres run as the
+copies that data directory. Where TimescaleDB is installed into that
+PostgreSQL (`timescaledb_installed`), servers preload it, so migrations make
+hypertables as they would on a production TimescaleDB.  When we are root, initdb and postgres run as the
 `postgres` system user (else `nobody`), since initdb refuses root.
 
 Nothing durable here: the servers run without fsync and are thrown away.
@@ -50,6 +52,7 @@ __all__ = [
     "cleanup_all",
     "find_pg_bindir",
     "find_redis_server",
+    "timescaledb_installed",
     "free_port",
     "scratch_root",
     "install_signal_cleanup",
@@ -298,6 +301,27 @@ def find_pg_bindir() -> Path:
         "PostgreSQL server binaries (postgres, initdb) not found in pg_config --bindir, "
         "/usr/lib/postgresql/*/bin or PATH: apt-get install postgresql"
     )
+
+
+@functools.cache
+def timescaledb_installed() -> bool:
+    """Whether the PostgreSQL of `find_pg_bindir` has TimescaleDB installed: its
+    library in `pg_config --pkglibdir` and its control file in the extension dir."""
+    bindir = find_pg_bindir()
+    pg_config = bindir / "pg_config" if (bindir / "pg_config").is_file() else shutil.which("pg_config")
+    if pg_config is None:
+        return False
+    try:
+        out = subprocess.run([str(pg_config), "--pkglibdir", "--sharedir"], capture_output=True,
+                             text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2:
+        return False
+    libdir, sharedir = (Path(x) for x in lines)
+    return (libdir / "timescaledb.so").is_file() and (
+        sharedir / "extension" / "timescaledb.control").is_file()
 
 
 # --------------------------------------------------------------------------
@@ -683,6 +707,13 @@ DEFAULT_PG_SETTINGS: dict[str, str] = {
     "shared_buffers": "64MB",
 }
 
+# What a server gets on top when TimescaleDB is loaded: no telemetry (it would
+# try to reach the internet from a test machine).
+TIMESCALEDB_PG_SETTINGS: dict[str, str] = {
+    "shared_preload_libraries": "timescaledb",
+    "timescaledb.telemetry_level": "off",
+}
+
 _SIMPLE_VALUE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -710,7 +741,9 @@ class PostgresServer(_Server):
         *,
         port: int | None = None,
         settings: Mapping[str, str] | None = None,
+        timescaledb: bool | None = None,
     ) -> None:
+        """`timescaledb`: preload TimescaleDB (None = when it is installed)."""
         super().__init__()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -732,7 +765,9 @@ class PostgresServer(_Server):
         _chown_tree(self.socket_dir, self.run_as)
         self._port = port if port is not None else free_port()
         self._fixed_port = port is not None
-        self.settings = {**DEFAULT_PG_SETTINGS, **(settings or {})}
+        self.timescaledb = timescaledb_installed() if timescaledb is None else timescaledb
+        self.settings = {**DEFAULT_PG_SETTINGS,
+                         **(TIMESCALEDB_PG_SETTINGS if self.timescaledb else {}), **(settings or {})}
         self.start_seconds: float | None = None  # duration of the last start()
 
     # -- template ----------------------------------------------------------

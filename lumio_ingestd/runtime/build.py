@@ -129,6 +129,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.events.streamstats import KIND as STATS_KIND
     from lumio_ingestd.events.streamstats import StreamStats, canary_record
     from lumio_ingestd.lifecycle.backfill import StartupBackfill
+    from lumio_ingestd.lifecycle.compression import CompressionWorker
     from lumio_ingestd.lifecycle.retention import RetentionWorker
     from lumio_ingestd.sources.kick import webhook_key
     from lumio_ingestd.sources.kick.signature import KeyFormatError
@@ -245,6 +246,13 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         RetentionWorker(pool, cfg, metrics),
         StartupBackfill(cfg, metrics),
     ]
+    if cfg.leads:
+        # One replica compresses: shard 0, or with `shard = auto` the lease holder.
+        compression = CompressionWorker(cfg, metrics)
+        parts.timers.append(LeaseGated(compression, Lease(
+            client, rediskeys.leader_key(compression.name), LEADER_LEASE_TTL_SECS, metrics,
+            owner=cfg.daemon.instance_id), LEADER_LEASE_TTL_SECS)
+            if cfg.daemon.shard_auto else compression)
     parts.timers += initial.timers
     if parts.membership is not None:
         parts.timers.append(parts.membership)

@@ -8,8 +8,11 @@ CHAT_DRAIN_LEADER = "lumio:chat:deadletter:drain:leader"
 EVENTS_DRAIN_LEADER = "lumio:events:deadletter:drain:leader"
 #: `shard = auto`: the replica that keeps Kick's webhook subscriptions in line.
 KICK_SUBSCRIPTIONS_LEADER = "lumio:kick:subscriptions:leader"
+#: `shard = auto`: the replica that runs the TimescaleDB compression policies.
+COMPRESSION_LEADER = "lumio:timescale:compression:leader"
 #: The lease of each timer that runs on one replica only (`Built.leader_timers`), by worker name.
-LEADER_KEYS = {"kick-webhook-subscriptions": KICK_SUBSCRIPTIONS_LEADER}
+LEADER_KEYS = {"kick-webhook-subscriptions": KICK_SUBSCRIPTIONS_LEADER,
+               "timescale-compression": COMPRESSION_LEADER}
 
 
 def leader_key(worker: str) -> str:

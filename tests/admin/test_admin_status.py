@@ -78,6 +78,10 @@ SCHEMA: dict[str, Any] = {
                        "pending": [{"version": int, "name": str}]},
         "jetstream_cursors": [{"name": str, "time_us": int, "cursor_at": OPT_STR,
                                "lag_secs": OPT_NUM, "updated_at": OPT_STR}],
+        "timescaledb": OPT_STR,
+        "storage": [{"table": str, "compressed_chunks": int, "uncompressed_chunks": int,
+                     "compressed_before_bytes": int, "compressed_after_bytes": int,
+                     "uncompressed_bytes": int}],
     },
     "spool": {
         "directory": str, "exists": bool, "segments": int, "pending_bytes": int,
@@ -509,3 +513,50 @@ def test_status_shows_odd_heartbeat_values_as_unreadable_and_goes_on(
     for name in [*ODD_HEARTBEATS, "odd-hash"]:
         assert f"instance {name!r}" in human.stderr, human.stderr
     client.close()
+
+
+def test_status_shows_compressed_and_uncompressed_chunks_and_bytes(
+        tmp_path: Path, timescale_url: str, redis_url: str) -> None:
+    cfg = config(tmp_path, timescale_url, redis_url)
+    migrate(cfg.timescale)
+    with psycopg2.connect(timescale_url) as conn, conn.cursor() as cur:
+        cur.execute("""INSERT INTO chat_messages (account_id, platform, message_id, created_at, text)
+                       SELECT 1 + i % 4, 'twitch', 'm' || i, now() - i * interval '20 s', 'hello ' || i
+                         FROM generate_series(1, 20000) i""")  # 4.6 days: five or six chunks
+    _code, doc = status_json(cfg)
+    before = {t["table"]: t for t in doc["database"]["storage"]}
+    assert doc["database"]["timescaledb"]
+    assert before["chat_messages"]["compressed_chunks"] == 0
+    chunks = before["chat_messages"]["uncompressed_chunks"]
+    assert chunks >= 5 and before["chat_messages"]["uncompressed_bytes"] > 0
+    assert before["events"] == {"table": "events", "compressed_chunks": 0, "uncompressed_chunks": 0,
+                                "compressed_before_bytes": 0, "compressed_after_bytes": 0,
+                                "uncompressed_bytes": 0}
+    compress_all_but(timescale_url, keep=chunks - 3)
+    _code, doc = status_json(cfg)
+    after = {t["table"]: t for t in doc["database"]["storage"]}["chat_messages"]
+    assert after["compressed_chunks"] == 3 and after["uncompressed_chunks"] == chunks - 3
+    assert 0 < after["compressed_after_bytes"] < after["compressed_before_bytes"]
+    assert after["uncompressed_bytes"] < before["chat_messages"]["uncompressed_bytes"]
+    human = run_cli(cfg, "status").stdout
+    assert "TimescaleDB " in human and "chat_messages  compressed     3: " in human, human
+    assert all(len(line) <= 100 for line in human.splitlines())
+
+
+def compress_all_but(url: str, *, keep: int) -> None:
+    """Compress the chat chunks but the newest `keep` (with the daemon's settings)."""
+    from lumio_ingestd.db.compression import enable_columnstore
+
+    conn = psycopg2.connect(url)
+    try:
+        conn.autocommit = True
+        enable_columnstore(conn, "chat_messages")
+        with conn.cursor() as cur:
+            cur.execute("""SELECT compress_chunk(c) FROM (
+                             SELECT c, row_number() OVER (ORDER BY r.range_end DESC) AS n
+                               FROM show_chunks('chat_messages') c
+                               JOIN timescaledb_information.chunks r
+                                 ON format('%%I.%%I', r.chunk_schema, r.chunk_name)::regclass = c) x
+                            WHERE n > %s""", (keep,))
+    finally:
+        conn.close()

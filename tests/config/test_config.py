@@ -104,7 +104,7 @@ EXPECTED_DEFAULTS: dict[str, dict[str, object]] = {
         "dsn": "postgresql://lumio@127.0.0.1:5432/lumio", "password": None, "pool_size": 5,
         "statement_timeout_secs": 30.0, "acquire_timeout_secs": 30.0, "connect_timeout_secs": 5,
         "tcp_user_timeout_secs": 10.0, "keepalive_idle_secs": 10, "migration_lock_timeout_secs": 5.0,
-        "migration_retries": 12, "migration_retry_interval_secs": 5.0,
+        "migration_retries": 12, "migration_retry_interval_secs": 5.0, "compress_after_hours": 0.0,
     },
     "chat": {
         "flush_interval_secs": 5.0, "flush_batch_size": 1000, "flush_workers": 2, "max_flush_failures": 5,
@@ -548,6 +548,23 @@ def test_problems_across_keys(tmp_path: Path) -> None:
     line = one_problem(tmp_path, "[account.1]\ntwitch_user_id = 5\n[account.2]\ntwitch_user_id = 5\n",
                        "account.2", "twitch_user_id")
     assert "[account.1]" in line
+
+
+def test_compression_out_of_reach_of_late_replays(tmp_path: Path) -> None:
+    """A chunk a 72 h replay can still reach is never compressed: the floor is the
+    dead-letter horizon plus one (events') chunk interval, 72 + 168 h."""
+    for hours in ("1", "72", "100", "240"):
+        line = one_problem(tmp_path, f"[timescale]\ncompress_after_hours = {hours}\n",
+                           "timescale", "compress_after_hours")
+        assert "late replay" in line and "72 h late" in line and "more than 240" in line, line
+    # a longer chat dead-letter TTL raises the floor with it
+    line = one_problem(tmp_path, "[timescale]\ncompress_after_hours = 250\n"
+                                 "[chat]\ndeadletter_ttl_hours = 96\n", "timescale", "compress_after_hours")
+    assert "96 h late" in line and "more than 264" in line, line
+    assert load(write(tmp_path, "[timescale]\ncompress_after_hours = 0\n"), {}).timescale \
+        .compress_after_hours == 0
+    assert load(write(tmp_path, "[timescale]\ncompress_after_hours = 240.5\n"), {}).timescale \
+        .compress_after_hours == 240.5
 
 
 # --------------------------------------------------------------------------- secrets

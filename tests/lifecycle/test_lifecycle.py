@@ -5,6 +5,7 @@ nothing else was touched."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -33,6 +34,7 @@ from lumio_ingestd.stores.rediskeys import (
 )
 from support import make_config
 from support.harness.servers import PostgresServer, wait_until
+from support.timescale import compress_all
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -94,13 +96,15 @@ def rows(cur: Cursor, sql: str) -> set[tuple[object, ...]]:
 # -- retention ---------------------------------------------------------------------
 
 
-def test_retention_deletes_exactly_what_is_past_each_horizon(cfg: Config, pool: Pool) -> None:
+def test_retention_deletes_exactly_what_is_past_each_horizon(cfg: Config, pool: Pool,
+                                                             compress: Callable[[str], int]) -> None:
     old_chat = [chat(1, f"old{i}", "u", NOW - timedelta(days=31, minutes=i)) for i in range(25)]
     new_chat = [chat(1, f"new{i}", "u", NOW - timedelta(days=29, minutes=i)) for i in range(5)]
     old_ev = [event(1, f"oe{i}", "u", NOW - timedelta(days=366), ("a", "b")) for i in range(3)]
     mid_ev = [event(1, "me", "u", NOW - timedelta(days=100), ("c",))]  # old for chat, not for events
     with pool.transaction() as cur:
         seed(cur, old_chat + new_chat, old_ev + mid_ev)
+    compress(cfg.timescale.dsn)
     report = run_retention(pool, cfg, now=NOW, batch_size=7)  # several batches
     assert report.deleted == {"chat_messages": 25, "events": 3, "event_children": 6}
     with pool.transaction() as cur:
@@ -111,10 +115,12 @@ def test_retention_deletes_exactly_what_is_past_each_horizon(cfg: Config, pool: 
                                                          "event_children": 0}
 
 
-def test_retention_cli_prints_what_it_deleted(cfg: Config, pool: Pool) -> None:
+def test_retention_cli_prints_what_it_deleted(cfg: Config, pool: Pool,
+                                              compress: Callable[[str], int]) -> None:
     with pool.transaction() as cur:
         seed(cur, [chat(1, "x", "u", datetime.now(UTC) - timedelta(days=40)),
                    chat(1, "y", "u", datetime.now(UTC))], [])
+    compress(cfg.timescale.dsn)
     result = _cli(cfg, "retention", "--once", "--batch-size", "1")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["retention"]["deleted"]["chat_messages"] == 1
@@ -122,10 +128,12 @@ def test_retention_cli_prints_what_it_deleted(cfg: Config, pool: Pool) -> None:
 
 
 def test_retention_of_a_million_rows_leaves_the_pool_its_statement_timeout(cfg: Config, pool: Pool) -> None:
+    # The rows sit in the 11 hours before the horizon: on TimescaleDB that is the
+    # day's chunk straddling it, which is deleted in batches, not dropped.
     with pool.begin_unbounded() as cur:
         cur.execute("""INSERT INTO chat_messages (account_id, platform, message_id, created_at, text)
-                       SELECT 1, 'twitch', 'm' || i, %s - make_interval(secs => i), 'x'
-                         FROM generate_series(1, 1000000) i""", (NOW - timedelta(days=40),))
+                       SELECT 1, 'twitch', 'm' || i, %s - make_interval(secs => i * 0.04), 'x'
+                         FROM generate_series(1, 1000000) i""", (NOW - timedelta(days=30, seconds=1),))
         cur.execute("INSERT INTO chat_messages (account_id, platform, message_id, created_at) "
                     "VALUES (1, 'twitch', 'keep', %s)", (NOW,))
     result: dict[str, object] = {}
@@ -165,7 +173,8 @@ def _redis_seed(r: redis.Redis, target: str) -> None:
     r.rpush(events_inflight(3, "host:1"), event(3, "pe3", target, NOW).to_entry())
 
 
-def test_gdpr_erase_removes_the_user_everywhere_and_nothing_else(cfg: Config, pool: Pool) -> None:
+def test_gdpr_erase_removes_the_user_everywhere_and_nothing_else(cfg: Config, pool: Pool,
+                                                                 compress: Callable[[str], int]) -> None:
     target = "666"
     with pool.transaction() as cur:
         seed(cur,
@@ -173,6 +182,7 @@ def test_gdpr_erase_removes_the_user_everywhere_and_nothing_else(cfg: Config, po
               chat(1, "c4", target, NOW, platform="kick")],
              [event(1, "e1", target, NOW, ("x",)), event(2, "e2", "other", NOW, (target, "y")),
               event(1, "e3", "other", NOW)])
+    compress(cfg.timescale.dsn)
     r = redis.Redis.from_url(cfg.redis.url)
     _redis_seed(r, target)
 
@@ -192,8 +202,8 @@ def test_gdpr_erase_removes_the_user_everywhere_and_nothing_else(cfg: Config, po
     assert r.llen(events_inflight(3, "host:1")) == 0
 
 
-def test_export_by_user_and_by_account_streams_exactly_their_rows(cfg: Config, pool: Pool,
-                                                                   tmp_path: Path) -> None:
+def test_export_by_user_and_by_account_streams_exactly_their_rows(
+        cfg: Config, pool: Pool, tmp_path: Path, compress: Callable[[str], int]) -> None:
     target = "777"
     mine = [chat(5, f"m{i}", target, NOW + timedelta(seconds=i)) for i in range(55)]
     with pool.transaction() as cur:
@@ -203,6 +213,7 @@ def test_export_by_user_and_by_account_streams_exactly_their_rows(cfg: Config, p
                     (NOW,))
         cur.execute("INSERT INTO stream_stats (account_id, platform, ts, viewers_avg, viewers_max, "
                     "samples) VALUES (5, 'twitch', %s, 1, 1, 1)", (NOW,))
+    compress(cfg.timescale.dsn)
     out = tmp_path / "user.jsonl"
     result = _cli(cfg, "export", "--platform", "twitch", "--user-id", target, "-o", str(out))
     assert result.returncode == 0, result.stderr
@@ -258,7 +269,8 @@ def test_export_uses_a_server_side_cursor(cfg: Config, pool: Pool) -> None:
 # -- dissolution ------------------------------------------------------------------
 
 
-def test_dissolve_account_deletes_its_rows_and_keys_only(cfg: Config, pool: Pool) -> None:
+def test_dissolve_account_deletes_its_rows_and_keys_only(cfg: Config, pool: Pool,
+                                                         compress: Callable[[str], int]) -> None:
     with pool.transaction() as cur:
         seed(cur, [chat(4, "a", "u", NOW), chat(42, "b", "u", NOW)],
              [event(4, "x", "u", NOW, ("k",)), event(42, "y", "u", NOW, ("l",))])
@@ -269,6 +281,7 @@ def test_dissolve_account_deletes_its_rows_and_keys_only(cfg: Config, pool: Pool
                     (NOW, NOW))
         cur.execute("INSERT INTO seventv_emote_sets (account_id, emote_set_id, version) VALUES "
                     "(4, 'set4', 1), (42, 'set42', 1)")
+    compress(cfg.timescale.dsn)
     r = redis.Redis.from_url(cfg.redis.url)
     for key in (chat_buffer(4), chat_deadletter(4), events_deadletter(4), events_inflight(4, "h:1")):
         r.rpush(key, b"x")
@@ -310,7 +323,8 @@ def test_admin_commands_exit_69_when_the_database_is_unreachable(
 # -- backfill ------------------------------------------------------------------------
 
 
-def test_backfill_links_events_to_their_sessions(cfg: Config, pool: Pool) -> None:
+def test_backfill_links_events_to_their_sessions(cfg: Config, pool: Pool,
+                                                 compress: Callable[[str], int]) -> None:
     inside, before, open_session = (event(1, "in", "u", NOW + timedelta(minutes=5)),
                                     event(1, "before", "u", NOW - timedelta(minutes=5)),
                                     event(1, "open", "u", NOW + timedelta(hours=3)))
@@ -321,6 +335,7 @@ def test_backfill_links_events_to_their_sessions(cfg: Config, pool: Pool) -> Non
                        (1, 'twitch', %s, %s), (1, 'twitch', %s, NULL) RETURNING id""",
                     (NOW, NOW + timedelta(hours=1), NOW + timedelta(hours=2)))
         first, second = (r[0] for r in cur.fetchall())
+    compress(cfg.timescale.dsn)
     assert run_backfills(cfg) == {"link_events_to_sessions": 2}
     with pool.transaction() as cur:
         assert rows(cur, "SELECT external_id, stream_session_id FROM events") == {
@@ -367,3 +382,85 @@ def test_the_daemon_runs_the_backfill_once_and_retention_on_its_own(cfg: Config,
             started = time.monotonic()
             w.request_stop()
             assert w.join(5) and time.monotonic() - started < 2  # idle waits end at once
+
+
+# -- a heavy user across compressed chunks ---------------------------------------------
+
+
+def test_lifecycle_of_a_user_with_150k_rows_is_exact(cfg: Config, pool: Pool,
+                                                     compress: Callable[[str], int]) -> None:
+    """Retention, export, erasure and dissolution on 325,000 chat rows over three days
+    of chunks, two thirds of them one user's, the rest a crowd's in the same accounts.
+    Compressed, erasing the user decompresses every batch of those accounts (the user
+    shares each with the crowd): far more than TimescaleDB's default per-transaction
+    limit of 100,000 rows. The results are the same both ways."""
+    horizon = datetime.now(UTC) - timedelta(days=cfg.chat.retention_days)
+    user = "CASE WHEN i %% 3 = 0 THEN 'crowd' || i %% 50 ELSE 'big' END"
+    with pool.begin_unbounded() as cur:
+        # Nothing within an hour of the horizon: the CLI's clock runs a little later.
+        cur.execute(f"""INSERT INTO chat_messages
+                            (account_id, platform, message_id, created_at, user_id, text)
+                        SELECT 1 + i %% 2, 'twitch', 'o' || i, %s - make_interval(secs => 3600 + i * 0.5),
+                               {user}, 'old message ' || i FROM generate_series(1, 100000) i""", (horizon,))
+        cur.execute(f"""INSERT INTO chat_messages
+                            (account_id, platform, message_id, created_at, user_id, text)
+                        SELECT 1 + i %% 2, 'twitch', 'y' || i, %s + make_interval(secs => 3600 + i * 0.6),
+                               {user}, 'young message ' || i FROM generate_series(1, 225000) i""", (horizon,))
+        cur.execute("""INSERT INTO chat_messages (account_id, platform, message_id, created_at, user_id, text)
+                       SELECT 3, 'twitch', 'x' || i, %s + make_interval(secs => -80000 + i * 80),
+                              'small', 'other ' || i FROM generate_series(1, 2000) i
+                        WHERE abs(-80000 + i * 80) > 3600""", (horizon,))
+        small = cur.rowcount
+        cur.execute("SELECT count(*) FROM chat_messages WHERE account_id = 3 AND created_at < %s",
+                    (horizon,))
+        row = cur.fetchone()
+        small_old = int(row[0]) if row else 0
+    assert 0 < small_old < small
+    compress(cfg.timescale.dsn)
+
+    result = _cli(cfg, "retention", "--once")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["retention"]["deleted"]["chat_messages"] == 100_000 + small_old
+
+    result = _cli(cfg, "export", "--platform", "twitch", "--user-id", "big", "-o", os.devnull)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stderr.strip().splitlines()[-1])["export"]["chat_messages"] == 150_000
+
+    result = _cli(cfg, "gdpr-erase", "--platform", "twitch", "--user-id", "big")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["erasure"]["chat_messages"] == 150_000
+
+    result = _cli(cfg, "dissolve-account", "3", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["dissolution"]["chat_messages"] == small - small_old
+    with pool.transaction() as cur:
+        assert rows(cur, "SELECT user_id = 'big', count(*) FROM chat_messages GROUP BY 1") == {
+            (False, 75_000)}
+
+
+def test_retention_leaves_younger_compressed_chunks_compressed(tmp_path: Path, timescale_url: str) -> None:
+    """Retention's batches are bounded by the horizon: they reach the one chunk that
+    straddles it, not the compressed chunks after it. (Without the bound, each batch's
+    outer scan decompressed every one of them into its uncompressed part.)"""
+    c = make_config(tmp_path, pg_url=timescale_url)
+    migrate(c.timescale)
+    horizon = datetime.now(UTC) - timedelta(days=c.chat.retention_days)
+    with psycopg2.connect(timescale_url) as conn, conn.cursor() as cur:
+        cur.execute("""INSERT INTO chat_messages (account_id, platform, message_id, created_at, user_id)
+                       SELECT 1 + i %% 3, 'twitch', 'm' || i, %s + make_interval(secs => -50000 + i * 10), 'u'
+                         FROM generate_series(1, 30000) i""", (horizon,))
+    compress_all(timescale_url)
+    p = Pool(c.timescale)
+    try:
+        report = run_retention(p, c, batch_size=1000)
+    finally:
+        p.close()
+    assert report.deleted["chat_messages"] == 5000
+    with psycopg2.connect(timescale_url) as conn, conn.cursor() as cur:
+        cur.execute("""SELECT format('%%I.%%I', chunk_schema, chunk_name) FROM timescaledb_information.chunks
+                        WHERE hypertable_name = 'chat_messages' AND range_start > %s""", (horizon,))
+        younger = [r[0] for r in cur.fetchall()]
+        assert len(younger) >= 2
+        for chunk in younger:
+            cur.execute(f"SELECT count(*) FROM ONLY {chunk}")  # rows outside its compressed batches
+            assert cur.fetchone() == (0,), chunk

@@ -15,6 +15,7 @@ from .servers import (
     free_port,
     harness_root,
     install_signal_cleanup,
+    timescaledb_installed,
     wait_until,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "free_port",
     "harness_root",
     "install_signal_cleanup",
+    "timescaledb_installed",
     "wait_until",
 ]

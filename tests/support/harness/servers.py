@@ -17,6 +17,7 @@ from lumio_ingestd.devkit.servers import (
     free_port,
     install_signal_cleanup,
     scratch_root,
+    timescaledb_installed,
     wait_until,
 )
 
@@ -34,5 +35,6 @@ __all__ = [
     "free_port",
     "harness_root",
     "install_signal_cleanup",
+    "timescaledb_installed",
     "wait_until",
 ]
