@@ -18,33 +18,26 @@ import pytest
 
 from lumio_ingestd.chat.store import insert_chat
 from lumio_ingestd.db.migrate import EARLIER_CHECKSUMS, MigrationError, migrate, packaged_migrations
-from lumio_ingestd.devkit.servers import find_pg_bindir
+from lumio_ingestd.devkit.servers import find_pg_bindir, timescaledb_installed
 from support import ROOT, make_config
 from support.chat import make_messages
 from support.harness import PostgresServer
+from support.timescale import NEEDS_TIMESCALEDB
 
 ROLES_SQL = ROOT / "deploy" / "database-roles.sql"
 ROLE = "lumio_app"
 DB = "lumio"
 
 
-def timescaledb_installed() -> bool:
-    out = subprocess.run([str(find_pg_bindir() / "pg_config"), "--sharedir"], capture_output=True,
-                         text=True, check=False)
-    sharedir = Path(out.stdout.strip()) if out.returncode == 0 else Path("/nonexistent")
-    return (sharedir / "extension" / "timescaledb.control").is_file()
-
-
 def _server(tmp_path: Path, timescaledb: bool) -> PostgresServer:
-    settings = {"shared_preload_libraries": "timescaledb"} if timescaledb else {}
-    return PostgresServer(tmp_path / "pg", settings=settings)
+    return PostgresServer(tmp_path / "pg", timescaledb=timescaledb)
 
 
 @pytest.fixture(params=["postgresql", "timescaledb"])
 def role_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PostgresServer]:
     """A private server with database `lumio` and the role the shipped script makes."""
     if request.param == "timescaledb" and not timescaledb_installed():
-        pytest.skip("the TimescaleDB extension is not installed for this PostgreSQL")
+        pytest.skip(NEEDS_TIMESCALEDB)
     with _server(tmp_path, request.param == "timescaledb") as server:
         server.create_database(DB)
         result = subprocess.run(

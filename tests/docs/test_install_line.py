@@ -30,6 +30,7 @@ COMMAND_PACKAGES = {
     "initdb": "postgresql",
     "postgres": "postgresql",
     "pg_config": "postgresql",
+    "psql": "postgresql",
     "promtool": "prometheus",
     "systemd-analyze": "systemd",
     "systemd-sysusers": "systemd",

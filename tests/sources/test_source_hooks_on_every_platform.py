@@ -382,11 +382,12 @@ def test_refused_frames_are_quarantined_with_their_bytes_and_the_good_one_is_sto
 
 
 def test_the_daemon_gives_its_quarantine_to_every_kick_streamelements_and_seventv_source(
-        tmp_path: Path) -> None:
+        tmp_path: Path, redis_url: str) -> None:
     token = tmp_path / "se-token"
     token.write_text("eyJhbGciOiJIUzI1NiJ9.e30.sig\n")
     token.chmod(0o600)
-    cfg = make_config(tmp_path, sections={
+    # Accounts run only once the process holds its instance claim: a real Redis.
+    cfg = make_config(tmp_path, redis_url=redis_url, sections={
         "daemon": {"state_dir": tmp_path / "state"},
         "seventv": {"enabled": "true"},
         "account.1": {"kick_broadcaster_user_id": "100", "kick_chatroom_id": "11",

@@ -15,8 +15,8 @@ from lumio_ingestd.sources.kick import KickSource
 from support import make_config
 
 
-def _config(tmp_path: Path, **kick: object) -> Config:
-    return make_config(tmp_path, sections={
+def _config(tmp_path: Path, redis_url: str = "redis://127.0.0.1:1/0", **kick: object) -> Config:
+    return make_config(tmp_path, redis_url=redis_url, sections={
         "daemon": {"shard": "1/2"},
         "kick": dict(kick),
         "account.1": {"kick_broadcaster_user_id": "100", "kick_chatroom_id": "11"},
@@ -30,8 +30,10 @@ def _close(parts: Parts) -> None:
         close()
 
 
-def test_build_runs_a_kick_source_per_account_of_the_shard_and_always_routes_webhooks(tmp_path: Path) -> None:
-    parts = build(_config(tmp_path), Metrics())
+def test_build_runs_a_kick_source_per_account_of_the_shard_and_always_routes_webhooks(
+        tmp_path: Path, redis_url: str) -> None:
+    # A process runs accounts only once it holds its instance claim: a real Redis.
+    parts = build(_config(tmp_path, redis_url), Metrics())
     try:
         kick = [s for s in parts.sources if isinstance(s, KickSource)]
         assert sorted(s.name for s in kick) == ["source-kick-1", "source-kick-3"]

@@ -49,8 +49,9 @@ def test_one_source_per_account_of_the_shard_with_a_channel_and_a_token(tmp_path
     assert [s.name for s in sources] == ["source-streamelements-2", "source-streamelements-4"]
 
 
-def test_the_daemon_runs_them_beside_the_other_sources(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, sections=_accounts(tmp_path))
+def test_the_daemon_runs_them_beside_the_other_sources(tmp_path: Path, redis_url: str) -> None:
+    # A process runs accounts only once it holds its instance claim: a real Redis.
+    cfg = make_config(tmp_path, redis_url=redis_url, sections=_accounts(tmp_path))
     parts = build(cfg, Metrics())
     try:
         mine = [s for s in parts.sources if isinstance(s, StreamElementsSource)]
