@@ -142,7 +142,8 @@ class Metrics:
             "source_frames", "Frames read from platform sockets and webhooks, by what they became",
             ["platform", "kind"], registry=r)
         self.source_bad_frames = Counter(
-            "source_bad_frames", "Frames refused as malformed or unsupported, by reason",
+            "source_bad_frames", "Frames refused as malformed or unsupported, or as another "
+            "account's (foreign_channel, unsubscribed), by reason",
             ["platform", "reason"], registry=r)
         self.source_duplicates = Counter(
             "source_duplicates", "Frames skipped because their delivery id was handled already",
@@ -154,7 +155,8 @@ class Metrics:
             "source_revocations", "Platform subscriptions revoked by the platform, by status",
             ["platform", "status"], registry=r)
         self.source_subscriptions = Counter(
-            "source_subscriptions", "Platform subscription requests, by result", ["platform", "result"],
+            "source_subscriptions", "Platform subscription requests, by result (ok, exists, "
+            "failed: refused, late, retried: a refused one asked again)", ["platform", "result"],
             registry=r)
         self.source_token_refreshes = Counter(
             "source_token_refreshes", "OAuth token refreshes, by result", ["platform", "result"],

@@ -258,7 +258,10 @@ def _daemon(cfg: Config, now: float) -> dict[str, Any]:
             "since": _iso(s.get("since")), "last_connect": _iso(s.get("last_connect")),
             "last_error": s.get("last_error"), "last_error_at": _iso(s.get("last_error_at")),
             "connects": s.get("connects", 0), "reconnects": s.get("reconnects", 0),
-            "connect_failures": s.get("connect_failures", 0), "disconnects": s.get("disconnects", 0)})
+            "connect_failures": s.get("connect_failures", 0), "disconnects": s.get("disconnects", 0),
+            "subscribe_refusals": s.get("subscribe_refusals", 0),
+            "unsubscribed": [{"channel": str(k), "error": str(v)} for k, v in (
+                s["unsubscribed"].items() if isinstance(s.get("unsubscribed"), dict) else ())]})
     out.update({"running": running, "instance": doc.get("instance"), "pid": doc.get("pid"),
                 "phase": doc.get("phase"), "written_at": _iso(written if isinstance(written, float | int)
                                                               else None),
@@ -353,6 +356,10 @@ def _render_daemon(o: _Out, d: dict[str, Any], now: str) -> None:
               f"{_cut(s['last_error'], 15)}")
         if s["last_error"] and len(str(s["last_error"])) > 15:
             o.add(f"      last error {_ago(s['last_error_at'], now)}: {_cut(s['last_error'], 70)}")
+        for u in s["unsubscribed"]:
+            o.add(f"      not subscribed: {_cut(u['channel'], 50)} (retrying; "
+                  f"{s['subscribe_refusals']} refusals so far)")
+            o.add(f"        refused with: {_cut(u['error'], 80)}")
 
 
 def _render_redis(o: _Out, r: dict[str, Any]) -> None:
