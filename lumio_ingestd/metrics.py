@@ -144,7 +144,8 @@ class Metrics:
             "source_frames", "Frames read from platform sockets and webhooks, by what they became",
             ["platform", "kind"], registry=r)
         self.source_bad_frames = Counter(
-            "source_bad_frames", "Frames refused as malformed or unsupported, by reason",
+            "source_bad_frames", "Frames refused as malformed or unsupported, or as another "
+            "account's (foreign_channel, unsubscribed), by reason",
             ["platform", "reason"], registry=r)
         self.source_duplicates = Counter(
             "source_duplicates", "Frames skipped because their delivery id was handled already",
@@ -156,7 +157,8 @@ class Metrics:
             "source_revocations", "Platform subscriptions revoked by the platform, by status",
             ["platform", "status"], registry=r)
         self.source_subscriptions = Counter(
-            "source_subscriptions", "Platform subscription requests, by result", ["platform", "result"],
+            "source_subscriptions", "Platform subscription requests, by result (ok, exists, "
+            "failed: refused, late, retried: a refused one asked again)", ["platform", "result"],
             registry=r)
         self.source_token_refreshes = Counter(
             "source_token_refreshes", "OAuth token refreshes, by result", ["platform", "result"],
@@ -316,14 +318,23 @@ class Metrics:
         self.seventv_dispatches = Counter(
             "seventv_dispatches", "7TV dispatches by what they did: applied, unchanged (a duplicate "
             "or already known), not_followed, not_ready (no stored state yet, or the last one not "
-            "saved: a heal covers it)", ["result"], registry=r)
-        for result in ("applied", "unchanged", "not_followed", "not_ready"):
+            "saved: a heal covers it), stale (a rename from a name the emote no longer has: not "
+            "applied, healed)", ["result"], registry=r)
+        for result in ("applied", "unchanged", "not_followed", "not_ready", "stale"):
             self.seventv_dispatches.labels(result)
         self.seventv_heals = Counter(
             "seventv_heals", "7TV emote sets fetched through the REST API and compared with the "
             "stored state, by result (baseline, unchanged, changed, failed)", ["result"], registry=r)
         for result in ("baseline", "unchanged", "changed", "failed"):
             self.seventv_heals.labels(result)
+        self.seventv_api_errors = Counter(
+            "seventv_api_errors", "7TV REST answers not used, by endpoint (users_twitch, users, "
+            "emote_sets) and reason (too_large: above the endpoint's cap; deadline: not complete "
+            "within api_timeout; unavailable; status: not 200/404; shape: not the documented "
+            "body); the heal is tried again later", ["endpoint", "reason"], registry=r)
+        for endpoint in ("users_twitch", "users", "emote_sets"):
+            for reason in ("too_large", "deadline"):
+                self.seventv_api_errors.labels(endpoint, reason)
         self.seventv_state_saves = Counter(
             "seventv_state_saves", "Saves of 7TV emote set state, by result (saved, failed: retried, "
             "conflict: another writer moved it)", ["result"], registry=r)

@@ -18,6 +18,8 @@ from lumio_ingestd.config import Config
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.lifecycle import dissolve as dissolve_mod
 from lumio_ingestd.lifecycle import gdpr, retention
+from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.stores import refused_frames
 from lumio_ingestd.stores.redisclient import connect
 from lumio_ingestd.stores.spool import lock_holder
 
@@ -45,7 +47,8 @@ def gdpr_erase(cfg: Config, platform: str, user_id: str) -> int:
     client = connect(cfg.redis)
     try:
         with _pool(cfg) as pool:
-            receipt = gdpr.erase_user(pool, client, platform, user_id)
+            receipt = gdpr.erase_user(pool, client, platform, user_id,
+                                      frames=refused_frames.for_config(cfg, Metrics()))
     finally:
         client.close()
     print(receipt.to_json())

@@ -321,7 +321,10 @@ def _daemon(cfg: Config, now: float) -> dict[str, Any]:
             "last_error": s.get("last_error"), "last_error_at": _iso(s.get("last_error_at")),
             "connects": _count(s.get("connects")), "reconnects": _count(s.get("reconnects")),
             "connect_failures": _count(s.get("connect_failures")),
-            "disconnects": _count(s.get("disconnects"))})
+            "disconnects": _count(s.get("disconnects")),
+            "subscribe_refusals": _count(s.get("subscribe_refusals")),
+            "unsubscribed": [{"channel": str(k), "error": str(v)} for k, v in (
+                s["unsubscribed"].items() if isinstance(s.get("unsubscribed"), dict) else ())]})
     pid = doc.get("pid")
     out.update({"running": running, "instance": doc.get("instance"),
                 "pid": pid if 0 < _count(pid) < 1 << 31 else None,
@@ -429,6 +432,10 @@ def _render_daemon(o: _Out, d: dict[str, Any], now: str) -> None:
               f"{_cut(s['last_error'], 15)}")
         if s["last_error"] and len(str(s["last_error"])) > 15:
             o.add(f"      last error {_ago(s['last_error_at'], now)}: {_cut(s['last_error'], 70)}")
+        for u in s["unsubscribed"]:
+            o.add(f"      not subscribed: {_cut(u['channel'], 50)} (retrying; "
+                  f"{s['subscribe_refusals']} refusals so far)")
+            o.add(f"        refused with: {_cut(u['error'], 80)}")
 
 
 def _render_redis(o: _Out, r: dict[str, Any]) -> None:

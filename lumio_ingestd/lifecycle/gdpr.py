@@ -3,11 +3,15 @@
 Erasure deletes, in one unbounded transaction, every chat message, event and
 event child row of the platform user across accounts, then removes their
 entries from the Redis buffers, dead-letter lists, in-flight lists and
-quarantines. Export streams JSON Lines from a server-side cursor, so a large
+quarantines, and, given the refused-frame file (`FrameQuarantine`), drops
+every refused frame of the platform that names the user and takes donor PII
+out of the others (the daemon strips it before keeping a frame; a file an
+older version wrote may still hold some). Export streams JSON Lines from a server-side cursor, so a large
 history never sits in memory.
 
 Durable when `erase_user` returns: the database deletes are committed; the
-Redis removals are done (each list atomically).
+Redis removals are done (each list atomically); the refused-frame file is
+rewritten (fsynced, then renamed into place).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import redis
 from lumio_ingestd.db.pool import Cursor, Pool
 from lumio_ingestd.lifecycle.redis_purge import purge_user
 from lumio_ingestd.model import format_time
+from lumio_ingestd.stores.refused_frames import FrameQuarantine
 
 log = logging.getLogger("lumio_ingestd.lifecycle.gdpr")
 
@@ -38,12 +43,16 @@ class ErasureReceipt:
     event_children: int
     redis_entries: int
     redis_children: int
+    #: Refused frames dropped because they name the user, and PII fields removed from the others.
+    refused_frames: int = 0
+    refused_frames_pii: int = 0
 
     def to_json(self) -> str:
         return json.dumps({"erasure": asdict(self)}, sort_keys=True)
 
 
-def erase_user(pool: Pool, client: redis.Redis, platform: str, user_id: str) -> ErasureReceipt:
+def erase_user(pool: Pool, client: redis.Redis, platform: str, user_id: str,
+               frames: FrameQuarantine | None = None) -> ErasureReceipt:
     with pool.begin_unbounded() as cur:
         cur.execute("DELETE FROM chat_messages WHERE platform = %s AND user_id = %s", (platform, user_id))
         chat = cur.rowcount
@@ -61,6 +70,8 @@ def erase_user(pool: Pool, client: redis.Redis, platform: str, user_id: str) -> 
         events = cur.rowcount
     entries, redis_children = purge_user(client, platform, user_id)
     receipt = ErasureReceipt(platform, user_id, chat, events, children, entries, redis_children)
+    if frames is not None:
+        receipt.refused_frames, receipt.refused_frames_pii = frames.erase(platform, user_id)
     log.info("gdpr erase of a %s user: %s", platform, receipt.to_json())
     return receipt
 

@@ -133,10 +133,9 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.lifecycle.retention import RetentionWorker
     from lumio_ingestd.sources.kick import webhook_key
     from lumio_ingestd.sources.kick.signature import KeyFormatError
-    from lumio_ingestd.stores import rediskeys
+    from lumio_ingestd.stores import rediskeys, refused_frames
     from lumio_ingestd.stores.jetstream import JetstreamStore
     from lumio_ingestd.stores.redisclient import connect
-    from lumio_ingestd.stores.refused_frames import FrameQuarantine
     from lumio_ingestd.stores.replicas import replica_acks
     from lumio_ingestd.stores.seen import SeenDeliveries
     from lumio_ingestd.stores.sessions import StreamSessions
@@ -192,7 +191,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         sessions=StreamSessions(pool, metrics),
         seen=seen.__getitem__,
         # Refused frames keep their raw bytes (docs/operating.rst, "Refused frames").
-        frames=FrameQuarantine(cfg.daemon.state_dir / "quarantine", metrics),
+        frames=refused_frames.for_config(cfg, metrics),
         held_gifts=HeldGifts(client, cfg.daemon.instance_id,
                              acks=replica_acks(client, cfg.redis, metrics)),
         set_states=SetStateStore(pool),

@@ -21,7 +21,8 @@ Format (`"v": 1`)::
      "sources": [{"name": "...", "platform": "...", "state": "connected",
                   "since": UNIX, "last_connect": UNIX|null, "last_error": "..."|null,
                   "last_error_at": UNIX|null, "connects": N, "reconnects": N,
-                  "connect_failures": N, "disconnects": N}],
+                  "connect_failures": N, "disconnects": N, "subscribe_refusals": N,
+                  "unsubscribed": {"channel": "the platform's refusal", ...}}],
      "workers": [{"name": "...", "alive": true, "healthy": true}]}
 
 Nothing here is durable in the sense of the data path: losing the file loses

@@ -22,8 +22,10 @@ a drain of its own (its `interrupt()` is `close()`).
 What every socket source shares lives here once: `SourceClosed` and
 `PeerClosed` (the connection ended, with the peer's close code), `BadFrame`
 (a frame refused, with a metric label), `MAX_FRAMES_PER_TURN`, the reconnect
-backoff (with `force_backoff` for a wait the platform or a rule imposes), and
-the refused-frame sink, given at construction.
+backoff (with `force_backoff` for a wait the platform or a rule imposes),
+the refused-frame sink, given at construction, and `refuse_foreign()`: a
+well-formed frame that is not this source's to store (another channel's, a
+type never subscribed) is counted and said, never stored under the account.
 
 Every source keeps a `SourceState`: its connection state (connecting,
 connected, backoff, stopped), when it last connected, its last error and how
@@ -50,6 +52,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.interfaces import FrameSink
 from lumio_ingestd.sources.ws import WsClosed, WsConnection
@@ -112,6 +115,9 @@ class SourceState:
         self._connects = 0
         self._failures = 0
         self._disconnects = 0
+        self._subscribe_refusals = 0
+        #: Channels (topics, ...) the platform refused to subscribe on this connection, and why.
+        self._unsubscribed: dict[str, str] = {}
         metrics.source_state.labels(platform, self._state).inc()
 
     def _move(self, state: str) -> None:
@@ -151,6 +157,21 @@ class SourceState:
         with self._lock:
             self._move("stopped")
 
+    def subscribe_refused(self, channel: str, error: str) -> None:
+        """The platform refused a subscription on the current connection (it is retried)."""
+        with self._lock:
+            self._subscribe_refusals += 1
+            self._unsubscribed[channel[:120]] = " ".join(error.split())[:_MAX_ERROR_CHARS]
+            self._error(f"subscription to {channel[:120]} refused: {error}")
+
+    def subscribed(self, channel: str | None = None) -> None:
+        """`channel` is subscribed now; None: a new connection, nothing refused on it yet."""
+        with self._lock:
+            if channel is None:
+                self._unsubscribed.clear()
+            else:
+                self._unsubscribed.pop(channel[:120], None)
+
     def _error(self, error: str) -> None:
         self._last_error = " ".join(error.split())[:_MAX_ERROR_CHARS]
         self._last_error_at = self._clock()
@@ -175,6 +196,8 @@ class SourceState:
                 # Every connection after the first one is a reconnect.
                 "reconnects": max(0, self._connects - 1),
                 "connect_failures": self._failures, "disconnects": self._disconnects,
+                "subscribe_refusals": self._subscribe_refusals,
+                "unsubscribed": dict(self._unsubscribed),
             }
 
 
@@ -202,6 +225,7 @@ class Source(Worker):
         #: Where refused frames go with their raw bytes (docs/operating.rst, "Refused frames").
         self.frame_quarantine = frames
         self._forced_backoff: float | None = None
+        self._refusals: dict[str, Throttled] = {}
 
     # -- for subclasses ----------------------------------------------------------
 
@@ -250,6 +274,18 @@ class Source(Worker):
         """Keep a refused frame's bytes (the caller counted it in source_bad_frames)."""
         if self.frame_quarantine is not None:
             self.frame_quarantine.add(self.platform, reason, raw, detail)
+
+    def refuse_foreign(self, reason: str, what: str, why: str, *, logger: logging.Logger) -> None:
+        """A well-formed frame that is not this source's to store: counted in
+        `source_bad_frames{platform,reason}` (`foreign_channel`: it names another channel or
+        room; `unsubscribed`: a type never subscribed), said as a warning at most once a minute
+        per source and logger (anyone able to send them could flood the journal), and dropped:
+        it is another account's data, so it is neither stored nor kept."""
+        self.metrics.source_bad_frames.labels(self.platform, reason).inc()
+        throttled = self._refusals.get(logger.name)
+        if throttled is None:
+            throttled = self._refusals[logger.name] = Throttled(logger)
+        throttled.log(logging.WARNING, "%s: refused %s: %s", self.name, what, why)
 
     def mark_healthy(self) -> None:
         """The current session is up and doing its work (for a platform: connected and

@@ -44,8 +44,9 @@ UPDATE seventv_emote_sets
 
 
 def encode_emotes(emotes: Emotes) -> str:
-    return json.dumps({k: [e.name, e.ts, e.actor_id] for k, e in sorted(emotes.items())},
-                      ensure_ascii=False, separators=(",", ":"))
+    # The rename count only when there is one: a state without renames reads as before.
+    return json.dumps({k: [e.name, e.ts, e.actor_id, *([e.renames] if e.renames else [])]
+                       for k, e in sorted(emotes.items())}, ensure_ascii=False, separators=(",", ":"))
 
 
 def decode_emotes(obj: Any) -> dict[str, Entry]:
@@ -53,10 +54,11 @@ def decode_emotes(obj: Any) -> dict[str, Entry]:
     if not isinstance(obj, dict):
         return out
     for emote_id, value in obj.items():
-        if isinstance(value, list) and len(value) == 3 and isinstance(value[0], str):
+        if isinstance(value, list) and len(value) in (3, 4) and isinstance(value[0], str):
             ts = value[1] if type(value[1]) is int else None
             actor = value[2] if isinstance(value[2], str) else None
-            out[str(emote_id)] = Entry(value[0], ts, actor)
+            renames = value[3] if len(value) == 4 and type(value[3]) is int and value[3] >= 0 else 0
+            out[str(emote_id)] = Entry(value[0], ts, actor, renames)
     return out
 
 

@@ -59,7 +59,8 @@ SCHEMA: dict[str, Any] = {
         "sources": [{"name": OPT_STR, "platform": OPT_STR, "state": OPT_STR, "since": OPT_STR,
                      "last_connect": OPT_STR, "last_error": OPT_STR, "last_error_at": OPT_STR,
                      "connects": int, "reconnects": int, "connect_failures": int,
-                     "disconnects": int}],
+                     "disconnects": int, "subscribe_refusals": int,
+                     "unsubscribed": [{"channel": str, "error": str}]}],
         "workers": [{"name": OPT_STR, "alive": bool, "healthy": bool}],
     },
     "redis": {

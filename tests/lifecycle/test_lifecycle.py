@@ -190,7 +190,8 @@ def test_gdpr_erase_removes_the_user_everywhere_and_nothing_else(cfg: Config, po
     assert result.returncode == 0, result.stderr
     receipt = json.loads(result.stdout)["erasure"]
     assert receipt == {"platform": "twitch", "user_id": target, "chat_messages": 2, "events": 1,
-                       "event_children": 2, "redis_entries": 5, "redis_children": 1}
+                       "event_children": 2, "redis_entries": 5, "redis_children": 1,
+                       "refused_frames": 0, "refused_frames_pii": 0}
     with pool.transaction() as cur:
         assert rows(cur, "SELECT message_id FROM chat_messages") == {("c3",), ("c4",)}
         assert rows(cur, "SELECT external_id FROM events") == {("e2",), ("e3",)}

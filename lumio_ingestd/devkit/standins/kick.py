@@ -7,7 +7,8 @@ Used by the tests, the benchmarks and `lumio-ingestd demo` (it needs the
 - Pusher `ws://127.0.0.1:P/app/KEY?protocol=7...`: `pusher:connection_established`
   with `activity_timeout` on connect; `pusher:subscribe` answered with
   `pusher_internal:subscription_succeeded` (`pusher:subscription_error` while
-  `refuse_subscribes` is set); a client `pusher:ping` answered with
+  `refuse_subscribes` is set, and for the next N subscribes to a channel in
+  `refuse_next`); a client `pusher:ping` answered with
   `pusher:pong` (unless `answer_pings` is off: a half-dead server); with
   `server_ping_after_secs` set, a `pusher:ping` after that much silence and
   close 4201 when no `pusher:pong` comes within `pong_timeout_secs`; any close
@@ -208,6 +209,8 @@ class KickStandin(StandinServers):
         #: Answer every `pusher:subscribe` with `pusher:subscription_error` (a welcomed session
         #: that never becomes a working one).
         self.refuse_subscribes = False
+        #: Channel -> how many of its next `pusher:subscribe` are answered with an error.
+        self.refuse_next: dict[str, int] = {}
         self.key = test_key_pair()
         self.webhook_url: str | None = None
         self.connections: list[PusherConnection] = []
@@ -292,7 +295,14 @@ class KickStandin(StandinServers):
         data = data if isinstance(data, dict) else {}
         if event == "pusher:subscribe":
             channel = data.get("channel")
-            if isinstance(channel, str) and channel and self.refuse_subscribes:
+            refuse = False
+            if isinstance(channel, str) and channel:
+                with self._lock:
+                    left = self.refuse_next.get(channel, 0)
+                    if left > 0:
+                        self.refuse_next[channel] = left - 1
+                refuse = self.refuse_subscribes or left > 0
+            if isinstance(channel, str) and channel and refuse:
                 self._send(pc, {"event": "pusher:subscription_error", "channel": channel,
                                 "data": json.dumps({"type": "AuthError", "error": "refused by the stand-in",
                                                     "status": 401})})

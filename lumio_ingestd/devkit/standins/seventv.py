@@ -16,7 +16,9 @@ docs/platforms.rst, "The EventAPI protocol":
   subscribed to their (type, object id).
 - REST `http://127.0.0.1:P/v3`: `GET /users/twitch/{id}`, `GET /users/{id}`,
   `GET /emote-sets/{id}` (404 when unknown; `rest_status` forces an error,
-  `rest_delay_secs` slows every answer down).
+  `rest_delay_secs` slows every answer down, `trickle_paths` sends the answers to
+  those paths a byte at a time). Emotes have the real v3 shape (owner, eight
+  host files: about 1.6 KB each), so a full set is as large as the real one.
 
 The data is changed the way a streamer changes it on the website
 (`add_emote`, `remove_emote`, `rename_emote`, `switch_set`): the change is
@@ -94,6 +96,10 @@ class SevenTvStandin(StandinServers):
         self.rest_status: int | None = None
         #: Every REST answer waits this long first (a slow API).
         self.rest_delay_secs = 0.0
+        #: REST paths (as requested, e.g. "/v3/users/twitch/123") answered a byte at a time,
+        #: one every `trickle_byte_secs`, status line and headers included.
+        self.trickle_paths: set[str] = set()
+        self.trickle_byte_secs = 1.0
         #: Keep every connection's inbound frames (a long-running demo turns it off).
         self.record_inbound = True
         self.dispatched = 0
@@ -149,10 +155,20 @@ class SevenTvStandin(StandinServers):
         return self._clock_ms
 
     def _active(self, emote_id: str, name: str, actor_id: str | None) -> dict[str, Any]:
+        """An ActiveEmote as the real v3 API gives it: with the emote's owner and its eight host
+        files (AVIF and WEBP at four sizes), about 1.6 KB of JSON."""
+        files = [{"name": f"{n}x.{fmt.lower()}", "static_name": f"{n}x", "width": 32 * n, "height": 32 * n,
+                  "frame_count": 1, "size": 1000 * n + len(fmt), "format": fmt}
+                 for n in (1, 2, 3, 4) for fmt in ("AVIF", "WEBP")]
+        owner = {"id": "01STANDINOWNER000000000000", "username": "emoteowner", "display_name": "EmoteOwner",
+                 "avatar_url": "//cdn.standin/pp/01STANDINOWNER000000000000/4aa1786cec024098be20d7b0683bae72",
+                 "style": {"color": 16755200, "paint": None}, "roles": ["6076a86b09a4c63a38ebe801"],
+                 "connections": None}
         return {"id": emote_id, "name": name, "flags": 0, "timestamp": self._now_ms(),
                 "actor_id": actor_id,
-                "data": {"id": emote_id, "name": name, "flags": 0, "lifecycle": 3, "listed": True,
-                         "animated": False, "host": {"url": f"//cdn.standin/emote/{emote_id}", "files": []}}}
+                "data": {"id": emote_id, "name": name, "flags": 0, "tags": ["standin", "emote"],
+                         "lifecycle": 3, "listed": True, "animated": False, "owner": owner,
+                         "host": {"url": f"//cdn.standin/emote/{emote_id}", "files": files}}}
 
     def add_emote(self, set_id: str, emote_id: str, name: str, *, dispatch: bool = True,
                   actor: Mapping[str, Any] | None = ACTOR) -> dict[str, Any]:
@@ -391,6 +407,24 @@ class SevenTvStandin(StandinServers):
 def _http_handler(standin: SevenTvStandin) -> type[BaseHTTPRequestHandler]:
     class Handler(JsonHandler):
         def do_GET(self) -> None:  # noqa: N802 - the standard library's name
-            self._answer(*standin._rest(urlsplit(self.path).path))
+            path = urlsplit(self.path).path
+            if path in standin.trickle_paths:
+                self._trickle(*standin._rest(path))
+            else:
+                self._answer(*standin._rest(path))
+
+        def _trickle(self, status: int, obj: Any) -> None:
+            body = json.dumps(obj).encode()
+            head = (f"HTTP/1.0 {status} OK\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            self.close_connection = True
+            for i, byte in enumerate(head + body):
+                if i and standin._stop.wait(standin.trickle_byte_secs):
+                    return
+                try:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                except OSError:
+                    return
 
     return Handler

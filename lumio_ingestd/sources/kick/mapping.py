@@ -377,6 +377,20 @@ def pusher_deleted(account_id: int, d: Mapping[str, Any], received_at: datetime,
     return [_event(account_id, "MessageDeletedEvent", d, received_at, ext, clean=clean)]
 
 
+def foreign_channel(frame: PusherFrame, channels: Sequence[str], chatroom_id: str) -> str | None:
+    """Why a chat or event frame is not the account's to store, else None: it came on a channel
+    the account's source did not subscribe to (or on none), or its `data.chatroom_id` names
+    another chatroom (docs/platforms.rst, "The Pusher socket")."""
+    if frame.channel is None:
+        return "it names no channel"
+    if frame.channel not in channels:
+        return f"it came on channel {frame.channel[:80]!r}, not on this account's {', '.join(channels)}"
+    room = _id(frame.data.get("chatroom_id")) if isinstance(frame.data, dict) else None
+    if room is not None and room != chatroom_id:
+        return f"its data.chatroom_id is {room[:32]!r}, not this account's {chatroom_id}"
+    return None
+
+
 _Handler = Callable[[int, Mapping[str, Any], datetime, int, bool], list[Item]]
 
 _PUSHER: Mapping[str, _Handler] = {
@@ -538,4 +552,5 @@ _WEBHOOK: Mapping[str, _WebhookHandler] = {
 }
 
 __all__ = ["BadFrame", "Interpreted", "Item", "PLATFORM", "PusherFrame", "broadcaster_of", "content_id",
-           "decode_checked", "decode_json", "interpret", "map_webhook", "parse_frame", "stream_key"]
+           "decode_checked", "decode_json", "foreign_channel", "interpret", "map_webhook", "parse_frame",
+           "stream_key"]

@@ -9,6 +9,14 @@ webhooks are the second path for it). One socket per account: the Source
 base's reconnect, backoff and stop rules then hold per account, and one
 channel's trouble (a 4xxx close, a slow reader) does not cut the others.
 
+A `pusher:subscription_error` is answered by asking again on the same
+socket after a jittered backoff (`subscribe_retry_min_secs`, doubling up to
+`subscribe_retry_max_secs`), counted in `source_subscriptions{result="failed"}`
+and `{result="retried"}` and shown in the source's status (`unsubscribed`);
+after `subscribe_max_refusals` refusals of one channel the connection is
+replaced (`source_closes{code="subscribe_refused"}`), so a socket that stays
+up with keepalives flowing never goes on without its chatroom.
+
 Keepalive: any frame proves the connection alive. After `min(server
 activity_timeout, activity_max_secs)` of silence the source sends
 `pusher:ping`; no `pusher:pong` (or any other frame) within
@@ -23,6 +31,11 @@ Close codes (a close frame, or a `pusher:error` with a code):
     4100-4199  over capacity: reconnect with the usual backoff (>= 1 s)
     4200-4299  reconnect at once (generic, pong missed, closed for inactivity)
     anything else: the usual backoff
+
+A chat or event frame on a channel this source did not subscribe to, or
+whose `data.chatroom_id` names another chatroom, is refused
+(`source_bad_frames{reason="foreign_channel"}`, a warning a minute), never
+stored under the account.
 
 Chat goes to the source's `ChatQueue` (handed to Redis in small batches);
 events go through the shared `EventSink` (persist_event, live alert,
@@ -47,7 +60,7 @@ from lumio_ingestd.config import AccountConfig, KickConfig
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.base import PeerClosed, Source, SourceClosed
 from lumio_ingestd.sources.interfaces import ChatQueueLike, FrameSink
-from lumio_ingestd.sources.kick.mapping import BUCKET_SECS, PLATFORM, BadFrame, interpret
+from lumio_ingestd.sources.kick.mapping import BUCKET_SECS, PLATFORM, BadFrame, foreign_channel, interpret
 from lumio_ingestd.sources.sink import EventSink
 from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
 
@@ -56,6 +69,11 @@ log = logging.getLogger("lumio_ingestd.sources.kick.source")
 ACTIVITY_MAX_SECS = 120.0
 PONG_TIMEOUT_SECS = 30.0
 CONFIG_BACKOFF_SECS = 300.0
+#: A refused subscribe is sent again after a jittered backoff from the min, doubling up to the max.
+SUBSCRIBE_RETRY_MIN_SECS = 1.0
+SUBSCRIBE_RETRY_MAX_SECS = 30.0
+#: Refusals of one channel on one connection before the connection is replaced.
+SUBSCRIBE_MAX_REFUSALS = 5
 
 
 
@@ -90,11 +108,15 @@ class KickSource(Source):
                  pong_timeout_secs: float = PONG_TIMEOUT_SECS, connect_timeout_secs: float = 10.0,
                  config_backoff_secs: float = CONFIG_BACKOFF_SECS, read_budget_secs: float = 0.5,
                  bucket_secs: int = BUCKET_SECS,
+                 subscribe_retry_min_secs: float = SUBSCRIBE_RETRY_MIN_SECS,
+                 subscribe_retry_max_secs: float = SUBSCRIBE_RETRY_MAX_SECS,
+                 subscribe_max_refusals: int = SUBSCRIBE_MAX_REFUSALS,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  frames: FrameSink | None = None) -> None:
         super().__init__(f"source-kick-{account.account_id}", metrics, frames=frames)
         self.account_id = account.account_id
         self.channels = channels_for(account)
+        self.chatroom_id = str(account.kick_chatroom_id)
         self._url = kick.pusher_url
         self._queue = chat_queue
         self._sink = sink
@@ -109,6 +131,12 @@ class KickSource(Source):
         self.activity_timeout = activity_max_secs  # the one in force on this connection
         self.socket_id: str | None = None
         self.subscribed: set[str] = set()  # channels the server confirmed on this connection
+        self._retry_min = subscribe_retry_min_secs
+        self._retry_max = subscribe_retry_max_secs
+        self._max_refusals = max(1, subscribe_max_refusals)
+        #: This connection: refusals per channel, and when each refused channel is asked again.
+        self.refusals: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
         self._last_activity = 0.0
         self._ping_sent_at: float | None = None
         self.pings_sent = 0
@@ -124,9 +152,11 @@ class KickSource(Source):
             ws.open()
             self._await_established(ws)
             self.subscribed.clear()
+            self.refusals.clear()
+            self._retry_at.clear()
+            self.source_state.subscribed(None)
             for channel in self.channels:
-                ws.send_text(json.dumps({"event": "pusher:subscribe",
-                                         "data": {"auth": "", "channel": channel}}))
+                self._send_subscribe(ws, channel)
         except Exception:
             self._ws = None
             ws.abort()
@@ -195,6 +225,45 @@ class KickSource(Source):
             self._ping_sent_at = None  # any frame proves the connection alive
             self._handle(ws, raw)
         self._keepalive(ws, now)
+        self._retry_subscribes(ws, now)
+
+    @staticmethod
+    def _send_subscribe(ws: WsConnection, channel: str) -> None:
+        ws.send_text(json.dumps({"event": "pusher:subscribe", "data": {"auth": "", "channel": channel}}))
+
+    def _retry_subscribes(self, ws: WsConnection, now: float) -> None:
+        for channel, at in list(self._retry_at.items()):
+            if now < at:
+                continue
+            del self._retry_at[channel]
+            try:
+                self._send_subscribe(ws, channel)
+            except WsClosed as exc:
+                raise SourceClosed(str(exc)) from None
+            self.metrics.source_subscriptions.labels(PLATFORM, "retried").inc()
+            log.info("%s: subscribing to %s again (refused %d time(s) on this connection)", self.name,
+                     channel, self.refusals.get(channel, 0))
+
+    def _subscribe_refused(self, channel: str | None, data: Any) -> None:
+        self.metrics.source_subscriptions.labels(PLATFORM, "failed").inc()
+        detail = (json.dumps(data, ensure_ascii=False) if isinstance(data, dict) else str(data))[:200]
+        if channel not in self.channels:
+            log.warning("%s: subscription error for a channel never asked for (%r): %s", self.name,
+                        str(channel)[:80], detail)
+            return
+        n = self.refusals[channel] = self.refusals.get(channel, 0) + 1
+        self.source_state.subscribe_refused(channel, detail)
+        if n >= self._max_refusals:
+            log.error("%s: subscription to %s refused %d times on this connection (%s); "
+                      "reconnecting", self.name, channel, n, detail)
+            self.metrics.source_closes.labels(PLATFORM, "subscribe_refused").inc()
+            self._queue.drain()  # the backoff may be long: nothing read waits in memory through it
+            raise SourceClosed(f"subscription to {channel} refused {n} times: {detail}")
+        ceiling = min(self._retry_max, self._retry_min * 2.0 ** (n - 1))
+        delay = self._rng.uniform(self._retry_min, max(self._retry_min, ceiling))
+        self._retry_at[channel] = time.monotonic() + delay
+        log.error("%s: subscription to %s refused (%s); asking again in %.1fs (%d of %d before a "
+                  "reconnect)", self.name, channel, detail, delay, n, self._max_refusals)
 
     def _keepalive(self, ws: WsConnection, now: float) -> None:
         if self._ping_sent_at is not None:
@@ -252,6 +321,12 @@ class KickSource(Source):
         except BadFrame as exc:
             self._bad(exc.reason, str(exc), raw)
             return
+        if result.kind in ("chat", "event"):
+            why = foreign_channel(result.frame, self.channels, self.chatroom_id)
+            if why is not None:
+                # Another chatroom's chat or events must never be stored as this account's.
+                self.refuse_foreign("foreign_channel", f"{result.frame.name[:64]}", why, logger=log)
+                return
         self.metrics.source_frames.labels(PLATFORM, result.kind).inc()
         if result.kind == "control":
             self._control(ws, result.frame.event, result.frame.channel, result.frame.data)
@@ -274,12 +349,13 @@ class KickSource(Source):
             self.pongs_sent += 1
         elif event == "pusher_internal:subscription_succeeded" and channel:
             self.subscribed.add(channel)
+            self._retry_at.pop(channel, None)
+            self.source_state.subscribed(channel)
             self.metrics.source_subscriptions.labels(PLATFORM, "ok").inc()
             if self.subscribed.issuperset(self.channels):
                 self.mark_healthy()  # a working session: the next drop starts the backoff over
         elif event == "pusher:subscription_error":
-            self.metrics.source_subscriptions.labels(PLATFORM, "failed").inc()
-            log.error("%s: subscription to %s refused: %s", self.name, channel, str(data)[:200])
+            self._subscribe_refused(channel, data)
         elif event == "pusher:error":
             inner = data if isinstance(data, dict) else {}
             code = inner.get("code") if isinstance(inner.get("code"), int) else None

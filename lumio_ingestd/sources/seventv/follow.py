@@ -1,6 +1,7 @@
 """One account's 7TV emote set: what is known of it, and how a change becomes events.
 
-`Followed` is the per-account record (owned by one socket thread at a time);
+`Followed` is the per-account record (worked on by one thread at a time: the
+socket's reader or its healer, see `busy`);
 `Follower` applies to it what the socket reads and what the REST API says:
 
 - `heal(f)`: load the stored state (once), find the active emote set (the
@@ -30,9 +31,10 @@ Nothing durable here beyond what the sink and the store say.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -49,8 +51,10 @@ from lumio_ingestd.sources.seventv.protocol import (
     SetUpdate,
     UserUpdate,
     apply_update,
+    carry_renames,
     diff,
     ms_to_datetime,
+    stale_renames,
     to_event,
 )
 
@@ -90,6 +94,15 @@ class Followed:
     set_hint: str | None = None
     #: 7TV said it has no such user: asked again rarely, and said once in the log.
     missing: bool = False
+    #: One thread at a time works on the account (the socket's reader applying a dispatch, or
+    #: its healer); what arrives meanwhile waits in `deferred` and is run by that thread next,
+    #: so neither thread ever waits for the other. `guard` only covers these two fields.
+    #: Grows when a reconnect asks for a heal from another thread: a heal that was already
+    #: running (its fetch may be older than the reconnect) then leaves the account due.
+    heal_asked: int = 0
+    busy: bool = field(default=False, repr=False, compare=False)
+    deferred: list[Callable[[], object]] = field(default_factory=list, repr=False, compare=False)
+    guard: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def cost(self) -> int:
@@ -134,6 +147,7 @@ class Follower:
 
     def heal(self, f: Followed) -> bool:
         """Bring `f` up to date with the API; True when done, False when it is due again later."""
+        asked = f.heal_asked
         try:
             ok = self._heal(f)
         except NotOnSevenTv as exc:
@@ -151,7 +165,10 @@ class Follower:
                         type(exc).__name__, str(exc)[:300])
             ok = False
         if ok:
-            f.heal_due, f.heal_failures, f.missing = False, 0, False
+            f.heal_failures, f.missing = 0, False
+            f.heal_due = f.heal_asked != asked
+            if f.heal_due:
+                f.heal_at = 0.0
         else:
             self.metrics.seventv_heals.labels("failed").inc()
             f.heal_failures += 1
@@ -190,6 +207,8 @@ class Follower:
                      self.name, f.account_id, set_id, len(emotes))
             return True
         switched = base.set_id != set_id
+        if not switched:
+            emotes = carry_renames(base.emotes, emotes)
         changes = diff(base.emotes, emotes, compare_ts=not switched)
         if not changes and not switched and dict(base.emotes) == emotes and base.user_id == f.user_id:
             self.metrics.seventv_heals.labels("unchanged").inc()
@@ -231,6 +250,15 @@ class Follower:
         if state.set_id != update.set_id:
             self.metrics.seventv_dispatches.labels("not_followed").inc()
             return
+        stale = stale_renames(state.emotes, update)
+        if stale:
+            # A rename from a name the emote no longer has: sent again after later changes, or
+            # one step of several this state missed. Not applied; a heal reads the name now.
+            self.metrics.seventv_dispatches.labels("stale").inc()
+            log.info("%s: account %d: rename of emote(s) %s from a name they no longer have: not "
+                     "applied; healing through the API", self.name, f.account_id,
+                     ", ".join(stale[:5]))
+            f.heal_due = True
         target = apply_update(state.emotes, update)
         changes = diff(state.emotes, target)
         if not changes:

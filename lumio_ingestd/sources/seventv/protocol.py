@@ -20,7 +20,12 @@ was taken out and put back in between (its added time moved). `to_event()`
 makes the `events` row; its `external_id` is derived from (emote set, emote,
 change, the version of the stored state the change applies to, the names),
 so the dispatch of a change and the REST diff of the same change, computed
-against the same stored state, are one row.
+against the same stored state, are one row. A rename's is derived from the
+emote alone (set, emote, when it was added, how often it was renamed before:
+`Entry.renames`, names), so a rename sent again after other changes to the
+set is the same row; one sent again after the emote was renamed further
+(its old name is not the emote's name any more) is not applied at all
+(`stale_renames`).
 
 REST shapes (`GET /users/twitch/{id}`, `GET /users/{id}`,
 `GET /emote-sets/{id}`) are read by `twitch_user()`, `user_active_set()` and
@@ -244,6 +249,8 @@ class Entry:
     name: str
     ts: int | None = None
     actor_id: str | None = None
+    #: How often it was renamed in this set since it was added (a rename's identity).
+    renames: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +259,8 @@ class SetUpdate:
     actor: Actor | None
     pushed: tuple[tuple[str, Entry], ...] = ()
     pulled: tuple[str, ...] = ()
-    #: (emote id, new name)
-    renamed: tuple[tuple[str, str], ...] = ()
+    #: (emote id, new name, old name: None when the body does not say)
+    renamed: tuple[tuple[str, str, str | None], ...] = ()
     #: Items refused inside an otherwise good body (reason per item), for the log.
     skipped: tuple[str, ...] = ()
 
@@ -318,7 +325,7 @@ def set_update(d: Dispatch) -> SetUpdate:
                        f"emote_set.update without a usable id ({str(d.body.get('id'))[:40]!r})")
     pushed: list[tuple[str, Entry]] = []
     pulled: list[str] = []
-    renamed: list[tuple[str, str]] = []
+    renamed: list[tuple[str, str, str | None]] = []
     skipped: list[str] = []
     for item in _items(d.body, "pushed"):
         if item.get("key") != "emotes":
@@ -344,7 +351,9 @@ def set_update(d: Dispatch) -> SetUpdate:
         if got is None:
             skipped.append("updated item without an emote id and name")
         else:
-            renamed.append((got[0], got[1].name))
+            old_entry = _entry(item.get("old_value"))
+            old_name = old_entry[1].name if old_entry is not None and old_entry[0] == got[0] else None
+            renamed.append((got[0], got[1].name, old_name))
     return SetUpdate(set_id, _actor(d.body.get("actor")), tuple(pushed), tuple(pulled),
                      tuple(renamed), tuple(skipped))
 
@@ -390,9 +399,27 @@ class SetState:
     user_id: str | None = None
 
 
+def stale_renames(emotes: Emotes, update: SetUpdate) -> list[str]:
+    """The emotes a dispatch renames from a name they no longer have, to one they do not have:
+    a rename sent again after later changes (or one this state has not seen the way to): not
+    applied; the REST API says what the name is now."""
+    after_push = dict(emotes)
+    for emote_id in update.pulled:
+        after_push.pop(emote_id, None)
+    for emote_id, entry in update.pushed:
+        after_push.setdefault(emote_id, entry)
+    out: list[str] = []
+    for emote_id, name, old_name in update.renamed:
+        before = after_push.get(emote_id)
+        if before is not None and old_name is not None and before.name not in (old_name, name):
+            out.append(emote_id)
+    return out
+
+
 def apply_update(emotes: Emotes, update: SetUpdate) -> dict[str, Entry]:
     """The set after a dispatch: pulled out, then pushed in, then renamed (the order in which
-    one body's items can all hold)."""
+    one body's items can all hold). A stale rename (`stale_renames`) is left out."""
+    stale = set(stale_renames(emotes, update)) if update.renamed else set()
     out = dict(emotes)
     for emote_id in update.pulled:
         out.pop(emote_id, None)
@@ -401,12 +428,26 @@ def apply_update(emotes: Emotes, update: SetUpdate) -> dict[str, Entry]:
         if before is not None and (entry.ts is None or entry.ts == before.ts):
             # A repeated push of an emote already there (a duplicate dispatch) keeps
             # what is known about it; only its name can move.
-            entry = Entry(entry.name, before.ts, before.actor_id)
+            entry = Entry(entry.name, before.ts, before.actor_id, before.renames)
         out[emote_id] = entry
-    for emote_id, name in update.renamed:
+    for emote_id, name, _old in update.renamed:
         before = out.get(emote_id)
-        if before is not None:
-            out[emote_id] = Entry(name, before.ts, before.actor_id)
+        if before is not None and emote_id not in stale and before.name != name:
+            out[emote_id] = Entry(name, before.ts, before.actor_id, before.renames + 1)
+    return out
+
+
+def carry_renames(old: Emotes, new: Emotes) -> dict[str, Entry]:
+    """`new` (a REST snapshot, which has no rename counts) with each emote's count from `old`:
+    the same emote, added at the same time, keeps its count, plus one when its name moved."""
+    out: dict[str, Entry] = {}
+    for emote_id, entry in new.items():
+        before = old.get(emote_id)
+        if before is not None and (before.ts is None or entry.ts is None or before.ts == entry.ts):
+            count = before.renames + (1 if before.name != entry.name else 0)
+            if count != entry.renames:
+                entry = Entry(entry.name, entry.ts, entry.actor_id, count)
+        out[emote_id] = entry
     return out
 
 
@@ -419,6 +460,8 @@ class Change:
     #: When the emote was added to the set (unix ms), when known.
     ts: int | None = None
     actor_id: str | None = None
+    #: A rename: how often the emote was renamed in the set before this one.
+    renames: int = 0
 
 
 def diff(old: Emotes, new: Emotes, *, compare_ts: bool = True) -> list[Change]:
@@ -437,7 +480,7 @@ def diff(old: Emotes, new: Emotes, *, compare_ts: bool = True) -> list[Change]:
             changes.append(Change("added", emote_id, after.name, ts=after.ts, actor_id=after.actor_id))
         elif before.name != after.name:
             changes.append(Change("renamed", emote_id, after.name, old_name=before.name, ts=after.ts,
-                                  actor_id=after.actor_id))
+                                  actor_id=after.actor_id, renames=before.renames))
     return changes
 
 
@@ -447,14 +490,20 @@ def merge_known(old: Emotes, new: Emotes) -> dict[str, Entry]:
     for emote_id, entry in new.items():
         before = old.get(emote_id)
         if before is not None and entry.ts is None and before.name == entry.name:
-            entry = Entry(entry.name, before.ts, entry.actor_id or before.actor_id)
+            entry = Entry(entry.name, before.ts, entry.actor_id or before.actor_id, before.renames)
         out[emote_id] = entry
     return out
 
 
 def external_id(set_id: str, change: Change, version: int) -> str:
-    """Deterministic: (set, emote, change, version of the state it applies to, names)."""
+    """Deterministic. An addition or removal: (set, emote, change, version of the state it
+    applies to, names). A rename: (set, emote, when the emote was added, how often it was renamed
+    before, names): nothing the rest of the set does moves it, so the same rename sent again
+    after later changes is the same row."""
     names = hashlib.sha256(f"{change.old_name or ''}\x00{change.name}".encode()).hexdigest()[:12]
+    if change.kind == "renamed":
+        added = change.ts if change.ts is not None else "-"
+        return f"{set_id}:{change.emote_id}:renamed:a{added}:r{change.renames}:{names}"
     return f"{set_id}:{change.emote_id}:{change.kind}:v{version}:{names}"
 
 

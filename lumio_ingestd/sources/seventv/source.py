@@ -27,8 +27,14 @@ A socket, on every (re)connect:
 4. heals every account through the REST API (`Follower.heal`): the set is
    fetched and diffed with the stored state, so what changed while the socket
    was down is stored once; accounts found only now are subscribed after.
-   Heals run in the read loop's idle turns (a time budget each), so the
-   heartbeats keep being read.
+   Heals run on the socket's own heal thread (`SevenTvHealer`), never on the
+   reader: a slow REST answer (each call ends at its whole-request deadline,
+   `api_timeout`) delays only further heals, while the reader goes on
+   reading heartbeats and applying every account's dispatches. An account is
+   healed once its subscriptions are held, so what changes after the fetch
+   arrives as a dispatch. One thread at a time works on an account
+   (`Followed.busy`): a dispatch for an account being healed is applied by
+   the healer right after the heal, in the order it arrived.
 
 Liveness: the server sends op 2 every `heartbeat_interval`; when a read finds
 nothing and nothing arrived for three intervals, the connection is dead.
@@ -47,6 +53,7 @@ saved is recomputed from the stored one by the next heal (same external ids).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -110,8 +117,10 @@ class SevenTvSocket(Source):
                  heal_retry_min_secs: float = 2.0, heal_retry_max_secs: float = 60.0,
                  missing_retry_secs: float = 1800.0, reconnect_jitter_secs: float = 1.0,
                  maintenance_wait_secs: float = 300.0, rate_limited_wait_secs: float = 60.0,
-                 client_bug_wait_secs: float = 600.0, frames: FrameSink | None = None) -> None:
+                 client_bug_wait_secs: float = 600.0, healer_stop_secs: float = 3.0,
+                 frames: FrameSink | None = None) -> None:
         super().__init__(name, metrics, frames=frames)
+        self.healer_stop_secs = healer_stop_secs
         self.url = url
         self.group: list[Followed] = list(group)
         self.api = api
@@ -142,6 +151,62 @@ class SevenTvSocket(Source):
         self.hellos: list[Hello] = []
         self.resume_acks: list[dict[str, Any]] = []
         self._group_lock = threading.Lock()
+        self.healer = SevenTvHealer(self)
+
+    # -- the heal thread --------------------------------------------------------------------
+
+    def start(self) -> None:
+        super().start()
+        if not self.healer.alive:
+            self.healer.start()
+
+    def healthy(self, now: float | None = None) -> bool:
+        return super().healthy(now) and (not self.healer.alive or self.healer.healthy(now))
+
+    def final(self) -> None:
+        self.healer.request_stop()  # its REST call in flight is cut by close() below
+        try:
+            super().final()
+        finally:
+            if not self.healer.join(self.healer_stop_secs):
+                log.warning("%s: heal thread did not stop within %.1fs", self.name, self.healer_stop_secs)
+
+    def heal_due_accounts(self) -> None:
+        """On the heal thread: heal the accounts that are due and subscribed, one after the other."""
+        started = time.monotonic()
+        for f in self._accounts():
+            if self.stopping or self.healer.stopping or not self.connected:
+                return
+            if time.monotonic() - started >= self.heal_budget_secs:
+                return  # the next turn goes on (and sees a stop in between)
+            if f.heal_due and time.monotonic() >= f.heal_at and self._held(f):
+                self._exclusive(f, functools.partial(self.follower.heal, f), defer=False)
+
+    def _held(self, f: Followed) -> bool:
+        """Every subscription the account needs is held (one found only by this heal has none)."""
+        subs = self.server_subs
+        return all(sub in subs for sub in f.subscriptions())
+
+    def _exclusive(self, f: Followed, work: Callable[[], object], *, defer: bool = True) -> None:
+        """Run `work` for `f` on this thread unless another thread works on `f`: then leave it to
+        that thread (`defer`: it runs it next) or skip it (a heal: due again next turn)."""
+        with f.guard:
+            if f.busy:
+                if defer:
+                    f.deferred.append(work)
+                return
+            f.busy = True
+        try:
+            self._guarded(f, work)
+        finally:
+            while True:
+                with f.guard:
+                    if not f.deferred:
+                        f.busy = False
+                        break
+                    todo, f.deferred = f.deferred, []
+                for item in todo:
+                    self._guarded(f, item)
 
     # -- Source ---------------------------------------------------------------------------
 
@@ -171,6 +236,7 @@ class SevenTvSocket(Source):
             self._drop()
             raise
         for f in self._accounts():
+            f.heal_asked += 1
             f.heal_due, f.heal_at = True, 0.0
         log.info("%s: session %s, heartbeat %d ms, subscription limit %s, %d account(s), "
                  "%d subscription(s)", self.name, hello.session_id, hello.heartbeat_interval_ms,
@@ -272,18 +338,8 @@ class SevenTvSocket(Source):
     def idle(self) -> None:
         if not self.connected or self.stopping:
             return
-        # Subscribe before healing: a set found or switched to is followed from before its fetch.
-        self._sync_or_abort()
-        started = time.monotonic()
-        budget = self.heal_budget_secs
-        if self.hello is not None:
-            # Heals must leave room to read the heartbeats in time.
-            budget = min(budget, self.hello.heartbeat_interval_ms / 1000)
-        for f in self._accounts():
-            if self.stopping or time.monotonic() - started >= budget:
-                break
-            if f.heal_due and time.monotonic() >= f.heal_at:
-                self.follower.heal(f)
+        # Subscribe what the heals found or a switch named; the healer heals an account only
+        # once its subscriptions are held, so it is followed from before its fetch.
         self._sync_or_abort()
 
     def _sync_or_abort(self) -> None:
@@ -414,14 +470,14 @@ class SevenTvSocket(Source):
                 if not mine:
                     self.metrics.seventv_dispatches.labels("not_followed").inc()
                 for f in mine:
-                    self._guarded(f, self.follower.on_set_update, update, d.t)
+                    self._exclusive(f, functools.partial(self.follower.on_set_update, f, update, d.t))
             elif d.type == USER_UPDATE:
                 uu = user_update(d)
                 mine = [f for f in self._accounts() if f.user_id == uu.user_id]
                 if not mine:
                     self.metrics.seventv_dispatches.labels("not_followed").inc()
                 for f in mine:
-                    self._guarded(f, self.follower.on_user_update, uu)
+                    self._exclusive(f, functools.partial(self.follower.on_user_update, f, uu))
             else:
                 self.metrics.source_bad_frames.labels(PLATFORM, "unsupported").inc()
                 log.info("%s: dispatch of type %r not followed; skipped", self.name, d.type)
@@ -431,9 +487,9 @@ class SevenTvSocket(Source):
                 self.quarantine_frame(bad.reason, raw, bad.detail)
             log.warning("%s: dispatch refused (%s): %s", self.name, bad.reason, bad.detail)
 
-    def _guarded(self, f: Followed, call: Callable[..., object], *args: Any) -> None:
+    def _guarded(self, f: Followed, work: Callable[[], object]) -> None:
         try:
-            call(f, *args)
+            work()
         except Exception:  # one account's trouble must not end the socket of the others
             log.exception("%s: account %d: handling a dispatch failed; healing it later",
                           self.name, f.account_id)
@@ -463,6 +519,23 @@ class SevenTvSocket(Source):
             log.error("%s: closed with %d (%s: %s): the server says this client is wrong, a bug "
                       "to fix; reconnecting in %.0fs", self.name, code, meaning, reason[:200],
                       self.client_bug_wait_secs)
+
+
+class SevenTvHealer(Worker):
+    """A socket's heal thread: REST fetches and diffs, off the socket's reader (module doc, step 4)."""
+
+    platform = PLATFORM
+
+    def __init__(self, sock: SevenTvSocket) -> None:
+        super().__init__(f"{sock.name}-heal", sock.metrics, role="source-seventv-heal")
+        self.sock = sock
+
+    def run_once(self) -> float:
+        self.sock.heal_due_accounts()
+        return self.sock.read_poll_secs
+
+    def wake(self) -> None:
+        self.sock.api.cancel.cancel()  # a stop must not wait for a REST answer
 
 
 class SevenTvSource(Worker):
@@ -503,7 +576,8 @@ class SevenTvSource(Worker):
         if waiting and not self.stopping:
             self._made += 1
             sock = SevenTvSocket(f"{self.name}-{self._made}", self.url, waiting,
-                                 api=SevenTvApi(self.api_url, timeout_secs=self.api_timeout_secs),
+                                 api=SevenTvApi(self.api_url, timeout_secs=self.api_timeout_secs,
+                                                metrics=self.metrics),
                                  store=self.store, sink=self.sink, metrics=self.metrics,
                                  give_back=self.give_back, frames=self.frame_quarantine, **self.socket_opts)
             sock.reconnect_min_secs = self.reconnect_min_secs

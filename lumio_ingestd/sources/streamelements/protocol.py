@@ -26,7 +26,7 @@ A `tip` row's payload carries the same normalized fields whichever topic it
 came from (`amount`, `currency`, `message`, `username`, `provider`,
 `status`, `topic`, `tip_id`) plus the document as sent (`document`).
 
-Donor PII: `strip_pii` removes every key named like an email address, a
+Donor PII: `strip_pii` (lumio_ingestd/pii.py) removes every key named like an email address, a
 geolocation or an IP address, at any depth, before the event is built, so
 it never reaches Redis, the spool, the database or an alert, unless
 `[streamelements] keep_donor_pii = true`.
@@ -49,6 +49,7 @@ from typing import Any
 
 from lumio_ingestd import boundedjson
 from lumio_ingestd.model import PlatformEvent, parse_time
+from lumio_ingestd.pii import strip_pii
 from lumio_ingestd.sources.base import BadFrame
 
 PLATFORM = "streamelements"
@@ -69,8 +70,6 @@ RATE_LIMITED = "rate_limit_exceeded"
 KNOWN_ERRORS = RETRY_ERRORS | CONFIG_ERRORS | {RATE_LIMITED}
 
 # Key names (lower case, without "_" and "-") that hold donor PII.
-_PII_KEYS = frozenset({"email", "emailaddress", "geo", "geolocation", "ip", "ipaddress", "clientip",
-                       "remoteip", "remoteaddress", "remoteaddr", "userip"})
 _TYPE_OK = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _NOT_WORD = re.compile(r"[^A-Za-z0-9_.:-]+")
 
@@ -164,29 +163,6 @@ def parse_token(text: str, where: str) -> Token:
 
 
 # -- PII --------------------------------------------------------------------------------------
-
-
-def strip_pii(value: Any) -> tuple[Any, int]:
-    """`value` without donor email, geolocation or IP keys at any depth; and how many went."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        removed = 0
-        for key, item in value.items():
-            if isinstance(key, str) and key.lower().replace("_", "").replace("-", "") in _PII_KEYS:
-                removed += 1
-                continue
-            out[key], n = strip_pii(item)
-            removed += n
-        return out, removed
-    if isinstance(value, list):
-        items = []
-        removed = 0
-        for item in value:
-            clean, n = strip_pii(item)
-            items.append(clean)
-            removed += n
-        return items, removed
-    return value, 0
 
 
 # -- mapping ------------------------------------------------------------------------------------

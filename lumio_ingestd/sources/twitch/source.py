@@ -47,7 +47,6 @@ import time
 from collections.abc import Sequence
 
 from lumio_ingestd.config import AccountConfig, TwitchConfig
-from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.sources.base import BadFrame, PeerClosed, Source, SourceClosed
 from lumio_ingestd.sources.interfaces import ChatQueueLike, FrameSink
@@ -121,7 +120,6 @@ class TwitchSource(Source):
             name=self.name)
         self.active: set[str] = set()  # subscription types enabled on the current session
         self._types = frozenset(sub.type for sub in self._subscriptions)
-        self._refused_log = Throttled(log)
         self._next_validate_check = 0.0
 
     # -- Source --------------------------------------------------------------------------
@@ -240,9 +238,7 @@ class TwitchSource(Source):
         refusal = self._refusal(env)
         if refusal is not None:
             reason, why = refusal
-            self.metrics.source_bad_frames.labels(PLATFORM, reason).inc()
-            self._refused_log.log(logging.WARNING, "%s: refused notification %s: %s", self.name,
-                                  env.message_id[:64], why)
+            self.refuse_foreign(reason, f"notification {env.message_id[:64]}", why, logger=log)
             return
         for note in items:
             if note.chat is not None:

@@ -28,7 +28,7 @@ from lumio_ingestd.sources.kick.signature import packaged_key, parse_public_key_
 from support import dbname_of
 from support.corpus import CORPUS
 from support.harness.servers import PostgresServer, wait_until
-from support.kick import CHAT_CHANNEL, KickRig, make_rig
+from support.kick import CHAT_CHANNEL, CHATROOM, EVENT_CHANNEL, KickRig, make_rig
 
 RECEIVED = datetime(2026, 1, 5, 18, 0, tzinfo=UTC)
 
@@ -134,19 +134,45 @@ def rig(tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str,
         r.close()
 
 
+def as_ours(text: str) -> str:
+    """A captured frame as if it came for the test account: its channel and `data.chatroom_id`
+    made the account's (the captures are other chatrooms', which the source refuses)."""
+    frame = json.loads(text)
+    channel = frame.get("channel")
+    if isinstance(channel, str):
+        frame["channel"] = EVENT_CHANNEL if channel.startswith("channel") else CHAT_CHANNEL
+    if isinstance(frame.get("data"), str) and frame["data"].startswith("{"):
+        data = json.loads(frame["data"])
+        if isinstance(data, dict) and "chatroom_id" in data:
+            data["chatroom_id"] = CHATROOM
+        frame["data"] = json.dumps(data)
+    return json.dumps(frame)
+
+
 def test_every_pusher_frame_through_the_live_source_is_stored_or_skipped(rig: KickRig,
                                                                         fake: KickStandin) -> None:
     corpus = [x for x in lines() if x.get("transport") == "pusher-websocket"]
     src = rig.source()
     src.start()
     pc = fake.wait_subscribed(CHAT_CHANNEL)
+    assert fake.wait_for(lambda: EVENT_CHANNEL in pc.channels, 5)
+    # As captured: other chatrooms' chat and events, refused, none stored.
+    foreign = 0
     for line in corpus:
         assert fake.send_raw(pc, pusher_text(line))
+        kind = interpret(1, pusher_text(line), RECEIVED).kind
+        foreign += kind in ("chat", "event")
+    assert wait_until(lambda: rig.value("source_bad_frames_total", platform="kick",
+                                        reason="foreign_channel") == foreign, 10)
+    assert foreign >= 4 and rig.chat_ids() == {} and rig.event_types() == {}
+    # As if they were the account's: stored or skipped.
+    for line in corpus:
+        assert fake.send_raw(pc, as_ours(pusher_text(line)))
     chat_ids = {json.loads(json.loads(pusher_text(x))["data"])["id"]
                 for x in corpus if "ChatMessageEvent" in pusher_text(x)}
     assert wait_until(lambda: set(rig.chat_ids()) == chat_ids, 10), rig.chat_ids()
     assert wait_until(lambda: sum(rig.event_types().values()) == 2, 10), rig.event_types()
-    assert rig.value("source_bad_frames_total", platform="kick", reason="unsupported") == 1
+    assert rig.value("source_bad_frames_total", platform="kick", reason="unsupported") == 2
     for reason in ("json", "shape", "time", "utf8", "nul"):
         assert rig.value("source_bad_frames_total", platform="kick", reason=reason) == 0, reason
     assert src.alive and pc.open and len(fake.connections) == 1

@@ -78,8 +78,9 @@ def test_every_frame_decodes_or_is_refused_with_a_reason() -> None:
                 assert upd.set_id == line["frame"]["d"]["body"]["id"]
                 assert [e for e, _ in upd.pushed] == [i["value"]["id"] for i in frame.body["pushed"]]
                 assert list(upd.pulled) == [i["old_value"]["id"] for i in frame.body["pulled"]]
-                assert [(e, n) for e, n in upd.renamed] == [
-                    (i["value"]["id"], i["value"]["name"]) for i in frame.body["updated"]]
+                assert list(upd.renamed) == [
+                    (i["value"]["id"], i["value"]["name"], i["old_value"]["name"])
+                    for i in frame.body["updated"]]
                 assert upd.actor is not None and upd.actor.username == ACTOR
                 # A pulled item's Go zero time is "unknown", not year 1.
                 assert all(entry.ts is None or entry.ts > 0 for _, entry in upd.pushed)

@@ -113,7 +113,7 @@ def test_set_update_reads_pushed_pulled_updated_and_skips_bad_items() -> None:
                      "value": {"id": "E4", "name": "b"}}]}))
     assert upd.pushed == (("E1", Entry("Clap", 1767000000000, "A1")),)
     assert upd.pulled == ("E3",)
-    assert upd.renamed == (("E4", "b"),)
+    assert upd.renamed == (("E4", "b", "a"),)
     assert upd.actor is not None and upd.actor.username == "ann"
     assert len(upd.skipped) == 1
     with pytest.raises(BadFrame):
@@ -162,10 +162,18 @@ def test_dispatch_and_rest_diff_of_one_change_give_one_external_id() -> None:
     rest_snapshot = {"E1": Entry("Clap2", 5), "E2": Entry("KEKW", 6), "E3": Entry("Wave", 7)}
     by_rest = diff(stored, rest_snapshot)
     assert [external_id(SET, c, 4) for c in by_dispatch] == [external_id(SET, c, 4) for c in by_rest]
-    # Another state version, another set or other names: another id (a later, separate change).
+    # Another set, other names, another rename of the emote before it: another id (a separate
+    # change). A rename's id does not depend on the state version it applies to (the same rename
+    # seen again after other changes is the same row); an addition's does.
     first = by_rest[0]
-    assert len({external_id(SET, first, 4), external_id(SET, first, 5), external_id("01HOTHER", first, 4),
-                external_id(SET, Change("renamed", "E1", "Clap3", old_name="Clap"), 4)}) == 4
+    assert first.kind == "renamed"
+    assert external_id(SET, first, 4) == external_id(SET, first, 5)
+    assert len({external_id(SET, first, 4), external_id("01HOTHER", first, 4),
+                external_id(SET, Change("renamed", "E1", "Clap3", old_name="Clap", ts=5), 4),
+                external_id(SET, Change("renamed", "E1", "Clap2", old_name="Clap", ts=5, renames=1), 4),
+                external_id(SET, Change("renamed", "E1", "Clap2", old_name="Clap", ts=9), 4)}) == 5
+    added = by_rest[1]
+    assert added.kind == "added" and external_id(SET, added, 4) != external_id(SET, added, 5)
     assert len(external_id("S" * 64, Change("renamed", "E" * 64, "n", "o"), 10**12)) <= 256
 
 
@@ -177,7 +185,8 @@ def test_to_event_payload() -> None:
     assert ev.payload["old_name"] == "old" and ev.payload["name"] == "new"
     assert ev.payload["emote_set_id"] == SET and ev.payload["previous_emote_set_id"] == "01HPREV"
     assert ev.payload["emote_added_at"] == "2025-12-29T09:20:00Z"
-    assert ev.external_id == external_id(SET, Change("renamed", "E1", "new", old_name="old"), 3)
+    assert ev.external_id == external_id(SET, Change("renamed", "E1", "new", old_name="old",
+                                                      ts=1767000000000), 3)
     removed = to_event(7, Change("removed", "E1", "x", actor_id="A9"), Context(SET, 3, AT, "rest"))
     assert removed.payload["actor"] is None and "old_name" not in removed.payload
 

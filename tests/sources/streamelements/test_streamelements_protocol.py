@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from lumio_ingestd.devkit.standins.streamelements import activity_doc, tip_activity_doc, tip_doc
+from lumio_ingestd.pii import strip_pii
 from lumio_ingestd.sources.base import BadFrame
 from lumio_ingestd.sources.streamelements.protocol import (
     ACTIVITIES,
@@ -16,7 +17,6 @@ from lumio_ingestd.sources.streamelements.protocol import (
     map_message,
     parse_frame,
     parse_token,
-    strip_pii,
     subscribe_request,
 )
 
