@@ -7,7 +7,8 @@ It reads, and never changes:
   kind of list (chat buffers, chat and event in-flight lists, dead letters,
   quarantines) the total, the number of accounts and the ten largest;
 - the database: the migrations applied (and those shipped but not applied)
-  and the Jetstream cursors with their lag;
+  the Jetstream cursors with their lag, and the gaps ledger: the open gaps and
+  the last ten closed ones (`source_gaps`);
 - the local spool (`spool.inspect`, without its lock): size, records, the
   oldest record, and which process holds it;
 - the local daemon's snapshot `STATE_DIR/status.json` (`runtime/localstate.py`): its
@@ -38,6 +39,7 @@ from lumio_ingestd.config import Config
 from lumio_ingestd.db.migrate import packaged_migrations
 from lumio_ingestd.db.pool import connect_kwargs
 from lumio_ingestd.runtime.localstate import pid_running, read_snapshot, snapshot_path
+from lumio_ingestd.stores.gaps import listing as gap_listing
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
 from lumio_ingestd.stores.spool import inspect as inspect_spool
 
@@ -176,7 +178,8 @@ def _read_redis(client: redis.Redis, now: float, out: dict[str, Any]) -> None:
 def _database(cfg: Config, now: float) -> dict[str, Any]:
     shipped = packaged_migrations()
     out: dict[str, Any] = {"ok": False, "error": None,
-                           "migrations": {"applied": [], "pending": []}, "jetstream_cursors": []}
+                           "migrations": {"applied": [], "pending": []}, "jetstream_cursors": [],
+                           "gaps": {"open": [], "last": []}}
     try:
         conn = psycopg2.connect(cfg.timescale.dsn, **connect_kwargs(
             cfg.timescale, application_name="lumio-ingestd/status", statement_timeout_secs=10))
@@ -209,6 +212,13 @@ def _database(cfg: Config, now: float) -> dict[str, Any]:
             "pending": [{"version": m.version, "name": m.name} for m in shipped
                         if m.version not in applied]}
         out["jetstream_cursors"] = cursors
+        with conn.cursor() as cur:
+            try:
+                open_rows, last_rows = gap_listing(cur, last=TOP)
+                out["gaps"] = {"open": [r.as_json() for r in open_rows],
+                               "last": [r.as_json() for r in last_rows]}
+            except psycopg2.errors.UndefinedTable:
+                pass  # not migrated yet: the migrations line says so
         out["ok"] = True
     except psycopg2.Error as exc:
         out["error"] = _error(exc)
@@ -405,6 +415,20 @@ def _render_database(o: _Out, d: dict[str, Any]) -> None:
     o.add(f"  jetstream cursors ({len(cursors)})" + ("" if cursors else ": none saved"))
     for c in cursors:
         o.add(f"    {_cut(c['name'], 30):<30} at {c['cursor_at']}  lag {_age(c['lag_secs'])}")
+    gaps = d.get("gaps") or {"open": [], "last": []}
+    o.add(f"  open gaps ({len(gaps['open'])})" + ("" if gaps["open"] else ": none"))
+    for g in gaps["open"]:
+        o.add("    " + _gap_line(g))
+    o.add(f"  last closed gaps ({len(gaps['last'])})" + ("" if gaps["last"] else ": none"))
+    for g in gaps["last"]:
+        o.add("    " + _gap_line(g))
+
+
+def _gap_line(g: dict[str, Any]) -> str:
+    healed = f", {g['healed_rows']} row(s) stored late" if g["healed_rows"] else ""
+    detail = f" ({_cut(g['detail'], 40)})" if g.get("detail") else ""
+    return (f"account {g['account_id']} {g['platform']}/{g['source']} {g['started_at']} "
+            f"+{_age(g['seconds'])} {g['status']}{healed}{detail}")
 
 
 def spool_lines(section: dict[str, Any]) -> list[str]:

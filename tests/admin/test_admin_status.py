@@ -77,6 +77,9 @@ SCHEMA: dict[str, Any] = {
                        "pending": [{"version": int, "name": str}]},
         "jetstream_cursors": [{"name": str, "time_us": int, "cursor_at": OPT_STR,
                                "lag_secs": OPT_NUM, "updated_at": OPT_STR}],
+        "gaps": {key: [{"account_id": int, "platform": str, "source": str, "started_at": str,
+                        "ended_at": str, "seconds": OPT_NUM, "status": str, "healed_rows": int,
+                        "detail": OPT_STR, "closed_at": OPT_STR}] for key in ("open", "last")},
     },
     "spool": {
         "directory": str, "exists": bool, "segments": int, "pending_bytes": int,

@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import GapKey
 from lumio_ingestd.sources.base import Source, SourceClosed
 from lumio_ingestd.sources.interfaces import FrameSink, SetStateStore
 from lumio_ingestd.sources.seventv.api import SevenTvApi
@@ -100,6 +101,8 @@ MISSED_HEARTBEATS = 3
 class SevenTvSocket(Source):
     platform = PLATFORM
     max_turn_secs = 60.0
+    gap_source = "eventapi"
+    gap_mode = "healed"  # the REST diff after every (re)subscribe brings what was missed
 
     def __init__(self, name: str, url: str, group: Sequence[Followed], *, api: SevenTvApi,
                  store: SetStateStore, sink: Sink, metrics: Metrics,
@@ -313,6 +316,10 @@ class SevenTvSocket(Source):
             self._handle(frame, data)
 
     # -- the group ---------------------------------------------------------------------------
+
+    def gap_keys(self) -> list[GapKey]:
+        return [GapKey(f.account_id, PLATFORM, self.gap_source, self.gap_mode)
+                for f in self._accounts()]
 
     def _accounts(self) -> list[Followed]:
         with self._group_lock:

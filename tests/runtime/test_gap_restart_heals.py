@@ -1,0 +1,153 @@
+"""A daemon stopped for a while, then started: what StreamElements sent meanwhile is healed.
+
+The real daemon (a child process) ingests an account's tips over the
+stand-in's Astro socket. It is SIGTERMed (its stop time recorded), tips and
+activities happen while it is away, and it is started again: healing reads
+them back from the stand-in's REST history. Every tip and activity is then
+stored exactly once, and the ledger has one `healed` row for the path whose
+`healed_rows` is what the socket had not stored, starting at the recorded stop.
+With SIGKILL instead, the gap starts at the last `sourceseen` record.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+import redis
+
+from lumio_ingestd.config import load
+from lumio_ingestd.db.migrate import migrate
+from lumio_ingestd.devkit.standins.streamelements import (
+    AstroStandin,
+    activity_doc,
+    tip_activity_doc,
+    tip_doc,
+)
+from lumio_ingestd.sources.streamelements.protocol import ACTIVITIES, TIPS
+from lumio_ingestd.stores import rediskeys
+from support import write_ini
+from support.daemon import Daemon
+from support.harness.servers import wait_until
+
+ACCOUNT = 42
+ROOM = "60aa00000000000000000001"
+TOKEN = "eyJhbGciOiJIUzI1NiJ9.gap-test.sig"
+#: The stretch the daemon is away (the issue's 20 s, shortened for the suite).
+AWAY_SECS = 3.0
+
+
+def _config(tmp_path: Path, astro: AstroStandin, *, redis_url: str, pg_url: str) -> Path:
+    token = tmp_path / "se-token.json"
+    token.write_text(json.dumps({"token": TOKEN, "token_type": "jwt"}))
+    token.chmod(0o600)
+    path = write_ini(tmp_path / "gaps.ini", {
+        "daemon": {"state_dir": tmp_path / "state", "instance_id": "test-gaps", "log_level": "info",
+                   "seen_interval_secs": 0.5},
+        "redis": {"url": redis_url},
+        "timescale": {"dsn": pg_url, "connect_timeout_secs": 2},
+        "http": {"listen": "127.0.0.1:0"},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "events": {"retry_interval_secs": 0.5},
+        "streamelements": {"astro_url": astro.url, "api_url": astro.api_url},
+        f"account.{ACCOUNT}": {"streamelements_channel_id": ROOM, "streamelements_token_file": token},
+    })
+    migrate(load(str(path), {}).timescale)
+    return path
+
+
+def _stored(pg_url: str) -> Counter[tuple[str, str]]:
+    with psycopg2.connect(pg_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT type, external_id FROM events WHERE platform = 'streamelements'")
+        out = Counter((str(t), str(e)) for t, e in cur.fetchall())
+    conn.close()
+    return out
+
+
+def _gaps(pg_url: str) -> list[dict[str, Any]]:
+    with psycopg2.connect(pg_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT platform, source, started_at, ended_at, status, healed_rows "
+                    "FROM source_gaps ORDER BY started_at")
+        names = [d[0] for d in cur.description or ()]
+        rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    conn.close()
+    return rows
+
+
+def _tip(astro: AstroStandin, tip_id: str) -> None:
+    astro.publish(TIPS, ROOM, tip_doc(tip_id, ROOM))
+    astro.publish(ACTIVITIES, ROOM, tip_activity_doc(f"act-{tip_id}", tip_id, ROOM))
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_daemon_away_for_a_while_heals_what_happened_meanwhile_exactly_once(
+        tmp_path: Path, pg_url: str, redis_url: str, how: str) -> None:
+    with AstroStandin(token=TOKEN) as astro:
+        cfg = _config(tmp_path, astro, redis_url=redis_url, pg_url=pg_url)
+        client = redis.Redis.from_url(redis_url)
+        first = Daemon(cfg, tmp_path / "first.log")
+        try:
+            assert astro.wait_for(lambda: astro.subscribed(TIPS, ACTIVITIES), 20), first.log
+            live = [f"tip-live-{i}" for i in range(3)]
+            for tip_id in live:
+                _tip(astro, tip_id)
+            assert wait_until(lambda: all(_stored(pg_url)[("tip", t)] == 1 for t in live), 15)
+            if how == "sigterm":
+                first.signal(signal.SIGTERM)
+                assert first.wait(15) == 0, first.log
+            else:
+                time.sleep(1.2)  # a periodic record or two after the last tip
+                first.proc.kill()
+                first.wait(10)
+            stopped_ms = int(time.time() * 1000)
+        finally:
+            first.kill()
+        recorded = client.hget(rediskeys.source_seen(ACCOUNT), "streamelements:astro")
+        assert recorded is not None
+        if how == "sigterm":
+            assert 0 <= stopped_ms - int(recorded) < 2_000  # the stop time itself
+        else:
+            assert 0 <= stopped_ms - int(recorded) <= 500 + 300  # one seen_interval back, at most
+
+        away_tips = [f"tip-away-{i}" for i in range(12)]
+        away_acts = [f"act-away-{i}" for i in range(8)]
+        for i, tip_id in enumerate(away_tips):
+            _tip(astro, tip_id)
+            if i < len(away_acts):
+                astro.publish(ACTIVITIES, ROOM, activity_doc(away_acts[i], ROOM, "follow"))
+        time.sleep(AWAY_SECS)
+
+        second = Daemon(cfg, tmp_path / "second.log")
+        try:
+            started = time.monotonic()
+            assert astro.wait_for(lambda: astro.subscribed(TIPS, ACTIVITIES), 20), second.log
+            after = [f"tip-after-{i}" for i in range(2)]
+            for tip_id in after:
+                _tip(astro, tip_id)
+            want = {("tip", t) for t in live + away_tips + after} | {
+                ("activity.follow", a) for a in away_acts}
+            assert wait_until(lambda: set(_stored(pg_url)) >= want
+                              and [g["status"] for g in _gaps(pg_url)] == ["healed"], 30), (
+                _stored(pg_url), _gaps(pg_url), second.log)
+            healed_in = time.monotonic() - started
+            assert healed_in < 30
+            second.signal(signal.SIGTERM)
+            assert second.wait(15) == 0, second.log
+        finally:
+            second.kill()
+        stored = _stored(pg_url)
+        assert set(stored) == want and all(n == 1 for n in stored.values()), stored
+        [gap] = _gaps(pg_url)
+        assert (gap["platform"], gap["source"], gap["status"]) == ("streamelements", "astro", "healed")
+        assert int(gap["started_at"].timestamp() * 1000) == int(recorded)
+        # What the socket had not stored: everything that happened while away (and possibly the
+        # tips right after, read by healing before the socket stored them).
+        assert gap["healed_rows"] in range(len(away_tips) + len(away_acts),
+                                           len(away_tips) + len(away_acts) + len(after) + 1), gap
+        client.close()
