@@ -5,7 +5,8 @@
 - `GET {api_url}/activities/{channel}?after=MS&before=MS&limit=100`: newest
   first; the next page asks `before` = the oldest `createdAt` seen + 1 ms
   (documents already read are skipped), until a page is short or brings
-  nothing new;
+  nothing new (a full page of documents of one millisecond cannot be paged
+  past: the gap ends `partial`);
 - `GET {api_url}/tips/{channel}?after=MS&before=MS&limit=100&offset=N`:
   `{"docs": [...], "total": N}`, paged by `offset`.
 
@@ -119,6 +120,10 @@ class SeHistory:
                               "activities")
             fresh = [d for d in page if str(d.get("_id")) not in ids]
             if not fresh:
+                if len(page) >= PAGE and len({_created_ms(d) for d in page}) == 1:
+                    # Paging is by time: a full page of one millisecond cannot be paged past.
+                    raise HealFailed(f"more than {PAGE} activities at one millisecond "
+                                     f"({page[0].get('createdAt')!s:.40}); the rest cannot be read")
                 return
             oldest = before
             for doc in fresh:

@@ -63,10 +63,13 @@ def healing(tmp_path: Path, pg_url: str, redis_url: str, request: pytest.Fixture
             gaps.stop()
 
 
-def _tip(h: Healing, tip_id: str, *, also_activity: bool = True) -> None:
-    h.astro.publish(TIPS, ROOM, tip_doc(tip_id, ROOM, ip="203.0.113.7"))
+def _tip(h: Healing, tip_id: str, *, also_activity: bool = True, at: float | None = None) -> None:
+    created = None if at is None else (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at))
+                                       + f".{int(at * 1000) % 1000:03d}Z")
+    h.astro.publish(TIPS, ROOM, tip_doc(tip_id, ROOM, ip="203.0.113.7", created_at=created))
     if also_activity:
-        h.astro.publish(ACTIVITIES, ROOM, tip_activity_doc(f"act-{tip_id}", tip_id, ROOM))
+        h.astro.publish(ACTIVITIES, ROOM, tip_activity_doc(f"act-{tip_id}", tip_id, ROOM,
+                                                           created_at=created))
 
 
 def _cut(h: Healing) -> None:
@@ -184,3 +187,48 @@ def test_a_gap_longer_than_heal_max_hours_is_healed_for_its_recent_part_only(hea
     assert (rows[0]["detail"] or "").startswith("healed the last"), rows
     assert rows[0]["healed_rows"] == 1, rows
     assert h.se.stored() == {("tip", "tip-recent"): 1}
+
+
+@pytest.mark.parametrize(("gap_secs", "tips"), [(1.0, 10), (3.0, 250)])
+def test_requests_per_healed_gap_are_the_pages_of_both_lists(healing: Healing, gap_secs: float,
+                                                              tips: int) -> None:
+    """One request per page of activities and of tips (100 a page), plus the empty page that
+    ends the activities; prints the figures (gap length, time to heal, requests)."""
+    h = healing
+    _start(h)
+    _cut(h)
+    cut_at = time.monotonic()
+    now = time.time()
+    for i in range(tips):  # a tip and its activity: two documents, one row
+        _tip(h, f"tip-{i}", at=now - (tips - i) / 1000)  # a millisecond apart
+    time.sleep(max(0.0, gap_secs - (time.monotonic() - cut_at)))
+    before = len(h.astro.history_requests)
+    _admit(h)
+    [row] = h.gaps.wait_rows(1, timeout=60)
+    assert row["status"] == "healed" and row["healed_rows"] == tips, row
+    requests = len(h.astro.history_requests) - before
+    pages = -(-tips // 100)
+    # Activities: by `before` until a page is short (one more when the last page is full);
+    # tips: by `offset` until `total`.
+    assert requests == pages + (1 if tips % 100 == 0 else 0) + pages, requests
+    closed = h.gaps.rows()[0]
+    healed_in = h.se.rows("SELECT extract(epoch FROM closed_at - ended_at) FROM source_gaps")[0][0]
+    print(f"\ngap {(closed['ended_at'] - closed['started_at']).total_seconds():.2f}s, {tips} tips "
+          f"({2 * tips} documents): healed {row['healed_rows']} rows in {float(healed_in):.2f}s after "
+          f"the gap ended, {requests} requests")
+    assert sum(1 for n in h.se.stored().values() if n == 1) == tips
+
+
+def test_more_activities_in_one_millisecond_than_a_page_end_the_gap_partial_and_say_why(
+        healing: Healing) -> None:
+    h = healing
+    _start(h)
+    _cut(h)
+    same = time.strftime("%Y-%m-%dT%H:%M:%S.123Z", time.gmtime())
+    for i in range(150):
+        h.astro.publish(ACTIVITIES, ROOM, activity_doc(f"act-burst-{i}", ROOM, "follow", created_at=same))
+    _admit(h)
+    [row] = h.gaps.wait_rows(1, timeout=30)
+    assert row["status"] == "partial" and "one millisecond" in (row["detail"] or ""), row
+    assert row["healed_rows"] == 100  # the first page, stored; the rest cannot be asked for
+    assert all(n == 1 for n in h.se.stored().values())
