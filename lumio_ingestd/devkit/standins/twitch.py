@@ -182,7 +182,7 @@ class TwitchStandin(StandinServers):
         self._bucket_reset = 0.0
         self.subscriptions: list[dict[str, Any]] = []  # every subscription created (with "elapsed")
         self.helix_requests: list[tuple[int, str]] = []  # (status, type)
-        self.followers: list[dict[str, str]] = []  # oldest first
+        self.followers: dict[str, list[dict[str, str]]] = {}  # broadcaster -> followers, oldest first
         self.followers_faults: list[int] = []  # statuses the next follower requests answer
         self.followers_requests: list[tuple[float, int]] = []  # (time, status)
         self.inbound: list[tuple[str, object]] = []  # (session id, data frame) the client sent
@@ -375,21 +375,26 @@ class TwitchStandin(StandinServers):
                             version=sub.get("version", version), timestamp=timestamp)
         return {"metadata": md, "payload": {"subscription": sub, "event": dict(event)}}
 
-    def follow(self, user_id: str, login: str, *, followed_at: str | None = None,
-               notify: bool = True) -> dict[str, str]:
-        """A new follower: kept in the list, and announced on a subscribed session (if any)."""
+    def follow(self, user_id: str, login: str, *, broadcaster: str | None = None,
+               broadcaster_login: str = "standin", followed_at: str | None = None,
+               notify: bool = True) -> bool:
+        """A new follower of `broadcaster` (default `user_id`): kept in the list, and announced
+        on a subscribed session if there is one (then True)."""
+        channel = broadcaster or self.user_id
         event = {"user_id": user_id, "user_login": login, "user_name": login.title(),
-                 "broadcaster_user_id": self.user_id, "broadcaster_user_login": "standin",
-                 "broadcaster_user_name": "Standin", "followed_at": followed_at or now_text()}
+                 "broadcaster_user_id": channel, "broadcaster_user_login": broadcaster_login,
+                 "broadcaster_user_name": broadcaster_login.title(),
+                 "followed_at": followed_at or now_text()}
         with self._lock:
-            self.followers.append({k: event[k] for k in ("user_id", "user_login", "user_name",
-                                                          "followed_at")})
+            self.followers.setdefault(channel, []).append(
+                {k: event[k] for k in ("user_id", "user_login", "user_name", "followed_at")})
         if notify:
             try:
-                self.notify("channel.follow", event, broadcaster=self.user_id, version="2")
+                self.notify("channel.follow", event, broadcaster=channel, version="2")
+                return True
             except StandinError:
                 pass  # nobody subscribed now: only the list knows (a gap)
-        return event
+        return False
 
     def _followers(self, headers: Mapping[str, str], query: str
                    ) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -411,14 +416,15 @@ class TwitchStandin(StandinServers):
             return fault, {"error": "Forced", "status": fault, "message": f"forced {fault}"}, {}
         if headers.get("client-id") != self.client_id or token != self.access_token:
             return 401, {"error": "Unauthorized", "status": 401, "message": "Invalid OAuth token"}, {}
-        if params.get("broadcaster_id") != self.user_id:
+        channel = params.get("broadcaster_id") or ""
+        if not channel:
             return 400, {"error": "Bad Request", "status": 400, "message": "broadcaster_id"}, {}
         try:
             first = max(1, min(100, int(params.get("first", "20"))))
             start = int(params.get("after", "0") or "0")
         except ValueError:
             return 400, {"error": "Bad Request", "status": 400, "message": "bad first or after"}, {}
-        newest = list(reversed(self.followers))
+        newest = list(reversed(self.followers.get(channel, [])))
         page = newest[start:start + first]
         nxt = start + len(page)
         return 200, {"data": [dict(f) for f in page], "total": len(newest),
