@@ -232,3 +232,20 @@ def test_more_activities_in_one_millisecond_than_a_page_end_the_gap_partial_and_
     assert row["status"] == "partial" and "one millisecond" in (row["detail"] or ""), row
     assert row["healed_rows"] == 100  # the first page, stored; the rest cannot be asked for
     assert all(n == 1 for n in h.se.stored().values())
+
+
+def test_an_open_gap_left_by_an_earlier_process_is_healed_when_the_path_comes_up(healing: Healing) -> None:
+    """The previous process stopped while healing ran: its row stayed `open`; this one heals it."""
+    from lumio_ingestd.model import Gap, GapKey
+
+    h = healing
+    end = int(time.time() * 1000) - 60_000
+    start = end - 20_000
+    at = (start + 5_000) / 1000
+    _tip(h, "tip-left-open", at=at)  # no socket yet: only the history has it
+    key = GapKey(h.se.cfg.accounts[0].account_id, "streamelements", "astro", "heal")
+    assert h.gaps.table.insert(Gap(key, start, end), "open")
+    _start(h)  # a first start for this path: no sourceseen record, so no new gap
+    [row] = h.gaps.wait_rows(1, timeout=30)
+    assert row["status"] == "healed" and row["healed_rows"] == 1, row
+    assert h.se.stored() == {("tip", "tip-left-open"): 1}
