@@ -249,3 +249,21 @@ def test_an_open_gap_left_by_an_earlier_process_is_healed_when_the_path_comes_up
     [row] = h.gaps.wait_rows(1, timeout=30)
     assert row["status"] == "healed" and row["healed_rows"] == 1, row
     assert h.se.stored() == {("tip", "tip-left-open"): 1}
+
+
+@pytest.mark.parametrize(("faults", "status"), [(["401"], "healed"), (["401", "401"], "partial")])
+def test_a_refused_token_is_read_again_once(healing: Healing, faults: list[str], status: str) -> None:
+    h = healing
+    _start(h)
+    _cut(h)
+    _tip(h, "tip-401", also_activity=False)
+    for fault in faults:
+        h.astro.fail_history(fault)
+    _admit(h)
+    [row] = h.gaps.wait_rows(1, timeout=30)
+    assert row["status"] == status, row
+    if status == "partial":
+        assert "the token is refused" in (row["detail"] or ""), row
+        assert [s for _, _, s in h.astro.history_requests] == [401, 401]  # and no more tries
+    else:
+        assert h.se.stored() == {("tip", "tip-401"): 1}
