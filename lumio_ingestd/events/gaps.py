@@ -82,27 +82,39 @@ class HealJob:
 
 
 class HealQueue:
-    """The heal jobs, shared by the heal threads: each job is taken by one thread at a time."""
+    """The heal jobs, shared by the heal threads. A job is taken by one thread at a time, and
+    so is a healer: two gaps of one path (a resumed one and a new one) never heal at once, as
+    a healer's request state (its cancel handle) is its own."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._jobs: list[HealJob] = []
+        self._busy: set[int] = set()  # id() of the healers a thread is using
 
     def put(self, job: HealJob) -> None:
+        """Queue a job (a new one, or one taken and handed back for a later try)."""
         with self._cond:
+            self._busy.discard(id(job.gap.key.healer))
             self._jobs.append(job)
             self._cond.notify_all()
 
+    def done(self, job: HealJob) -> None:
+        """A taken job is over: its healer is free for the next."""
+        with self._cond:
+            self._busy.discard(id(job.gap.key.healer))
+            self._cond.notify_all()
+
     def take(self, timeout: float) -> HealJob | None:
-        """The job due first, once it is due (waits at most `timeout`)."""
+        """The job due first whose healer is free, once it is due (waits at most `timeout`)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 now = time.monotonic()
-                due = [j for j in self._jobs if j.due <= now]
+                due = [j for j in self._jobs if j.due <= now and id(j.gap.key.healer) not in self._busy]
                 if due:
                     job = min(due, key=lambda j: j.due)
                     self._jobs.remove(job)
+                    self._busy.add(id(job.gap.key.healer))
                     return job
                 left = deadline - now
                 if left <= 0:
@@ -374,6 +386,7 @@ class HealWorker(Worker):
             job.due = time.monotonic() + 1.0
             self._queue.put(job)
             return
+        self._queue.done(job)
         count_closed(self.metrics, gap, status, job.rows)
         self.metrics.source_heal_duration.labels(gap.key.platform).observe(
             max(0.0, _now_ms() - gap.ended_ms) / 1000.0)
