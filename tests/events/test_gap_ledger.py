@@ -26,7 +26,7 @@ from lumio_ingestd.stores.gaps import GapTable
 from lumio_ingestd.stores.redisclient import connect
 from support import make_config
 from support.gaps import GapRig, make_gap_rig
-from support.harness.servers import wait_until
+from support.harness.servers import PostgresServer, wait_until
 
 KICK = GapKey(7, "kick", "pusher", "not_healable")
 SEVENTV = GapKey(7, "seventv", "eventapi", "healed")
@@ -147,3 +147,29 @@ def test_the_same_gap_reported_twice_is_one_row(parts: tuple[Pool, redis.Redis, 
         assert rig.value("source_gaps_total", platform="kick", status="not_healable") == 1
     finally:
         rig.stop()
+
+
+def test_a_gap_found_while_the_database_is_down_is_written_once_it_is_back(
+        tmp_path: Path, private_pg: PostgresServer, redis_url: str) -> None:
+    cfg = make_config(tmp_path, pg_url=private_pg.url(), redis_url=redis_url, sections={
+        "timescale": {"connect_timeout_secs": 2, "acquire_timeout_secs": 1}})
+    migrate(cfg.timescale)
+    pool = Pool(cfg.timescale)
+    client = connect(cfg.redis)
+    rig = _rig((pool, client, private_pg.url())).start()
+    try:
+        t0 = int(time.time() * 1000) - 5_000
+        rig.ledger.up([KICK], t0)
+        assert wait_until(lambda: _seen(client, KICK) == t0, 5)
+        private_pg.stop()
+        rig.ledger.down([KICK], t0 + 1_000)
+        rig.ledger.up([KICK], t0 + 2_000)
+        assert wait_until(lambda: _seen(client, KICK) == t0 + 2_000, 5)  # Redis goes on
+        time.sleep(1.0)  # a few failed writes
+        private_pg.start()
+        rows = rig.wait_rows(1, timeout=20)
+        assert [(r["started_at"], r["ended_at"]) for r in rows] == [(_at(t0 + 1_000), _at(t0 + 2_000))]
+    finally:
+        rig.stop()
+        pool.close()
+        client.close()
