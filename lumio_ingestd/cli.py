@@ -89,6 +89,9 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="seconds of traffic, then drain, summary and cleanup (default 0: until Ctrl-C)")
     demo.add_argument("--chaos", action="store_true",
                       help="stop PostgreSQL for 5 s mid-run: events park in Redis and replay")
+    demo.add_argument("--gap", action="store_true",
+                      help="stop the daemon for 5 s mid-run and start it again: what happened "
+                           "meanwhile is healed from the stand-ins' history; the summary shows the ledger")
     demo.add_argument("--rate", type=_positive_float, default=300.0, metavar="R",
                       help="chat messages per second across both channels (default 300)")
     demo.add_argument("--keep", action="store_true",
@@ -137,7 +140,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from lumio_ingestd.devkit.demo import main as demo  # the demo's dependencies only when it runs
 
         return demo(duration=args.duration, chaos=args.chaos, rate=args.rate, keep=args.keep,
-                    environ=env)
+                    environ=env, gap=args.gap)
     if command == "export" and (args.platform is None) != (args.user_id is None):
         parser.error("export: --platform and --user-id go together (or use --account)")
     if command == "dissolve-account" and not args.yes:

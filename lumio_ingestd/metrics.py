@@ -31,6 +31,8 @@ SPOOL_KINDS = ("chat", "event")
 REPLICA_ACK_WRITES = ("chat", "chat_quarantine", "chat_move", "event", "event_move", "held_gift")
 JETSTREAM_OPERATIONS = ("create", "update", "delete")
 STATUS_PLATFORMS = ("twitch", "kick")
+GAP_PLATFORMS = ("twitch", "kick", "streamelements", "seventv", "jetstream")
+GAP_STATUSES = ("healed", "partial", "not_healable")
 STATUS_POLL_ERRORS = ("unavailable", "status", "token", "rate_limited", "bad_response")
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -169,6 +171,31 @@ class Metrics:
         self.source_reconnect_handoffs = Counter(
             "source_reconnect_handoffs", "Planned connection hand-offs (session_reconnect), by result",
             ["platform", "result"], registry=r)
+
+        # -- gaps and healing --------------------------------------------------
+        self.source_gaps = Counter(
+            "source_gaps", "Gaps of platform sources (a stretch not connected and subscribed) "
+            "closed in the ledger, by platform and final status (healed, partial, not_healable)",
+            ["platform", "status"], registry=r)
+        self.source_gap_seconds = Counter(
+            "source_gap_seconds", "Length of the gaps recorded in the ledger, in seconds",
+            ["platform"], registry=r)
+        self.source_gap_healed_rows = Counter(
+            "source_gap_healed_rows", "Events stored by healing from a platform's history that "
+            "the live path had not stored (late, never sent as live alerts)", ["platform"], registry=r)
+        self.source_heal_requests = Counter(
+            "source_heal_requests", "Requests to the platforms' history APIs made by healing, by "
+            "result (ok, retry: 5xx, 429, timeout or garbage, failed: refused for good)",
+            ["platform", "result"], registry=r)
+        self.source_heal_duration = Histogram(
+            "source_heal_duration_seconds", "Time from a gap's end to its ledger row closed by "
+            "healing", ["platform"], buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
+            registry=r)
+        for platform in GAP_PLATFORMS:
+            self.source_gap_seconds.labels(platform)
+            self.source_gap_healed_rows.labels(platform)
+            for status in GAP_STATUSES:
+                self.source_gaps.labels(platform, status)
 
         # -- streamelements ----------------------------------------------------
         # Connections, frames and subscribe results are the shared source_* metrics

@@ -555,3 +555,83 @@ class Classified:
     @property
     def retryable(self) -> bool:
         return self.kind.retryable
+
+
+# -- gaps -----------------------------------------------------------------------------------
+
+#: How a source's gaps end: healed from a history API, healed by the source's own mechanism
+#: (7TV's REST diff, Jetstream's cursor rewind), or not healable (chat: no history to read).
+GapMode = Literal["heal", "healed", "not_healable"]
+#: A ledger row's status (`source_gaps.status`); `open` while healing runs.
+GapStatus = Literal["open", "healed", "partial", "not_healable"]
+
+
+@dataclass(frozen=True, slots=True)
+class GapKey:
+    """One path of one account that records "connected" (`lumio:sourceseen:{A}` field
+    `platform:source`) and whose gaps go to the ledger. `healer` reads the platform's
+    history back for a gap (mode "heal"); it takes no part in equality."""
+
+    account_id: int
+    platform: str
+    source: str
+    mode: GapMode = "not_healable"
+    healer: Any = field(default=None, compare=False, hash=False)
+
+    @property
+    def field(self) -> str:
+        return f"{self.platform}:{self.source}"
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """A stretch in which `key` was not connected and subscribed: epoch milliseconds."""
+
+    key: GapKey
+    started_ms: int
+    ended_ms: int
+
+    @property
+    def seconds(self) -> float:
+        return max(0, self.ended_ms - self.started_ms) / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealWindow:
+    """What one healing attempt reads: [since_ms, until_ms] in epoch milliseconds."""
+
+    gap: Gap
+    since_ms: int
+    until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HealOutcome:
+    """What a healer did: `rows` stored that the live path had not (taken now), `seen` the
+    documents read, `requests` the HTTP requests made."""
+
+    rows: int
+    seen: int
+    requests: int
+
+
+class HealRetry(Exception):
+    """A healing attempt failed in a way a later try may not (5xx, timeout, garbage, 429):
+    `after_secs` is the wait the platform asked for, if any. `rows`/`requests`: what the
+    attempt did before it failed."""
+
+    def __init__(self, message: str, *, after_secs: float | None = None, rows: int = 0,
+                 requests: int = 0) -> None:
+        super().__init__(message)
+        self.after_secs = after_secs
+        self.rows = rows
+        self.requests = requests
+
+
+class HealFailed(Exception):
+    """A healing attempt failed for good (a refused token after one renewal, a 4xx)."""
+
+    def __init__(self, message: str, *, rows: int = 0, requests: int = 0) -> None:
+        super().__init__(message)
+        self.rows = rows
+        self.requests = requests

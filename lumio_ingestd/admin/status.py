@@ -8,9 +8,10 @@ It reads, and never changes:
   kind of list (chat buffers, chat and event in-flight lists, dead letters,
   quarantines) the total, the number of accounts and the ten largest;
 - the database: the migrations applied (and those shipped but not applied),
-  the Jetstream cursors with their lag, and on TimescaleDB its version and,
-  per table, the compressed and uncompressed chunks with their bytes (the
-  compressed ones before and after compression);
+  the Jetstream cursors with their lag, the gaps ledger (the open gaps and
+  the last ten closed ones, `source_gaps`), and on TimescaleDB its version
+  and, per table, the compressed and uncompressed chunks with their bytes
+  (the compressed ones before and after compression);
 - the local spool (`spool.inspect`, without its lock): size, records, the
   oldest record, and which process holds it;
 - the local daemon's snapshot `STATE_DIR/status.json` (`runtime/localstate.py`): its
@@ -50,6 +51,7 @@ from lumio_ingestd.db.compression import storage, timescaledb_version
 from lumio_ingestd.db.migrate import packaged_migrations
 from lumio_ingestd.db.pool import connect_kwargs
 from lumio_ingestd.runtime.localstate import pid_running, read_snapshot, snapshot_path
+from lumio_ingestd.stores.gaps import listing as gap_listing
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS, describe_primary
 from lumio_ingestd.stores.spool import inspect as inspect_spool
 
@@ -230,7 +232,8 @@ def _database(cfg: Config, now: float) -> dict[str, Any]:
     shipped = packaged_migrations()
     out: dict[str, Any] = {"ok": False, "error": None,
                            "migrations": {"applied": [], "pending": []}, "jetstream_cursors": [],
-                           "timescaledb": None, "storage": []}
+                           "timescaledb": None, "storage": [],
+                           "gaps": {"open": [], "last": []}}
     try:
         conn = psycopg2.connect(cfg.timescale.dsn, **connect_kwargs(
             cfg.timescale, application_name="lumio-ingestd/status", statement_timeout_secs=10))
@@ -269,6 +272,13 @@ def _database(cfg: Config, now: float) -> dict[str, Any]:
         out["jetstream_cursors"] = cursors
         out["timescaledb"] = timescaledb_version(conn)
         out["storage"] = [t.as_dict() for t in storage(conn) or []]
+        with conn.cursor() as cur:
+            try:
+                open_rows, last_rows = gap_listing(cur, last=TOP)
+                out["gaps"] = {"open": [r.as_json() for r in open_rows],
+                               "last": [r.as_json() for r in last_rows]}
+            except psycopg2.errors.UndefinedTable:
+                pass  # not migrated yet: the migrations line says so
         out["ok"] = True
     except psycopg2.Error as exc:
         out["error"] = _error(exc)
@@ -496,6 +506,13 @@ def _render_database(o: _Out, d: dict[str, Any]) -> None:
     for c in cursors:
         o.add(f"    {_cut(c['name'], 30):<30} at {c['cursor_at'] or 'an unreadable time'}  "
               f"lag {_age(c['lag_secs'])}")
+    gaps = d.get("gaps") or {"open": [], "last": []}
+    o.add(f"  open gaps ({len(gaps['open'])})" + ("" if gaps["open"] else ": none"))
+    for g in gaps["open"]:
+        o.add("    " + _gap_line(g))
+    o.add(f"  last closed gaps ({len(gaps['last'])})" + ("" if gaps["last"] else ": none"))
+    for g in gaps["last"]:
+        o.add("    " + _gap_line(g))
     if d["timescaledb"] is None:
         o.add("  plain PostgreSQL (no TimescaleDB): nothing is compressed")
         return
@@ -506,6 +523,13 @@ def _render_database(o: _Out, d: dict[str, Any]) -> None:
         o.add(f"    {t['table']:<14} compressed {t['compressed_chunks']:>5}: {_bytes(before)} -> "
               f"{_bytes(after)}{ratio};  uncompressed {t['uncompressed_chunks']:>5}: "
               f"{_bytes(t['uncompressed_bytes'])}")
+
+
+def _gap_line(g: dict[str, Any]) -> str:
+    healed = f", {g['healed_rows']} row(s) stored late" if g["healed_rows"] else ""
+    detail = f" ({_cut(g['detail'], 40)})" if g.get("detail") else ""
+    return (f"account {g['account_id']} {g['platform']}/{g['source']} {g['started_at']} "
+            f"+{_age(g['seconds'])} {g['status']}{healed}{detail}")
 
 
 def _bytes(n: int) -> str:

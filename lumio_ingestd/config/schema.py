@@ -150,6 +150,12 @@ SCHEMA: Final[tuple[Setting, ...]] = (
     _s("daemon", "shutdown_timeout_secs", "8", _SECONDS,
        "Time a stop may take to hand what is in memory to Redis, flush and spool "
        "the rest, in seconds. Keep it below the unit's TimeoutStopSec."),
+    _s("daemon", "heal_max_hours", "72", _Float(unit="hours"),
+       "The longest stretch of a gap healed from a platform's history API, counted back from "
+       "its end; the older part is recorded in source_gaps, not healed (status partial)."),
+    _s("daemon", "seen_interval_secs", "5", _SECONDS,
+       "How often each connected and subscribed source records in Redis that it is, in "
+       "seconds; after a crash a gap starts at most this long before the last record."),
     # [redis]
     _s("redis", "url", "redis://127.0.0.1:6379/0", _RedisUrl(),
        "The Redis server: redis://HOST:PORT/DB, rediss:// for TLS, or "
@@ -274,6 +280,9 @@ SCHEMA: Final[tuple[Setting, ...]] = (
        "EventSub WebSocket endpoint (ws:// or wss://)."),
     _s("twitch", "helix_url", "https://api.twitch.tv/helix", _HTTP,
        "Helix API base URL (http:// or https://)."),
+    _s("twitch", "heal_follows", "true", _Bool(),
+       "true: follows missed during a gap are read back from Helix GET /channels/followers "
+       "(needs the moderator:read:followers scope); false: a gap is recorded, not healed."),
     _s("twitch", "oauth_url", "https://id.twitch.tv/oauth2", _HTTP,
        "OAuth base URL, for token refresh and validation (http:// or https://)."),
     _s("twitch", "client_id", "",
@@ -327,6 +336,9 @@ SCHEMA: Final[tuple[Setting, ...]] = (
     # [streamelements]
     _s("streamelements", "astro_url", "wss://astro.streamelements.com", _WS,
        "StreamElements Astro WebSocket gateway (ws:// or wss://)."),
+    _s("streamelements", "api_url", "https://api.streamelements.com/kappa/v2", _HTTP,
+       "StreamElements REST API base URL (http:// or https://): the activities and tips "
+       "a gap missed are read back from it."),
     _s("streamelements", "topics", "channel.tips,channel.activities",
        _Names("topics like channel.tips", re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_-]+)+")),
        "Topics every account subscribes to, comma-separated."),

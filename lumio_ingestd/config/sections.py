@@ -30,6 +30,8 @@ class DaemonConfig:
     accounts_dir: Path = _default("daemon", "accounts_dir")
     spool_max_bytes: int = _default("daemon", "spool_max_bytes")
     shutdown_timeout_secs: float = _default("daemon", "shutdown_timeout_secs")
+    heal_max_hours: float = _default("daemon", "heal_max_hours")
+    seen_interval_secs: float = _default("daemon", "seen_interval_secs")
 
 
 def _redacting_repr(obj: Any, url_field: str) -> str:
@@ -128,6 +130,7 @@ class HttpConfig:
 class TwitchConfig:
     eventsub_ws_url: str = _default("twitch", "eventsub_ws_url")
     helix_url: str = _default("twitch", "helix_url")
+    heal_follows: bool = _default("twitch", "heal_follows")
     oauth_url: str = _default("twitch", "oauth_url")
     client_id: str = _default("twitch", "client_id")
     client_secret: Secret | None = None
@@ -157,6 +160,7 @@ class KickConfig:
 @dataclass(frozen=True, slots=True)
 class StreamElementsConfig:
     astro_url: str = _default("streamelements", "astro_url")
+    api_url: str = _default("streamelements", "api_url")
     topics: tuple[str, ...] = _default("streamelements", "topics")
     keep_donor_pii: bool = _default("streamelements", "keep_donor_pii")
 

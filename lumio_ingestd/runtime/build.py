@@ -30,6 +30,7 @@ from lumio_ingestd.sources import kick as kick_platform
 from lumio_ingestd.sources import seventv as seventv_platform
 from lumio_ingestd.sources import streamelements as streamelements_platform
 from lumio_ingestd.sources import twitch as twitch_platform
+from lumio_ingestd.sources.base import Source
 from lumio_ingestd.web.server import Routes
 from lumio_ingestd.worker import Worker
 
@@ -48,6 +49,8 @@ PLATFORMS: tuple[Build, ...] = (twitch_platform.build, streamelements_platform.b
 LEADER_LEASE_TTL_SECS = 30.0
 #: How often the spool is replayed while it holds anything.
 SPOOL_REPLAY_INTERVAL_SECS = 5.0
+#: Threads that heal gaps from the platforms' history APIs (each gap is one job at a time).
+HEAL_THREADS = 2
 
 
 class StartupError(Exception):
@@ -124,6 +127,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.db.pool import Pool
     from lumio_ingestd.events import EventIngest, EventRetryWorker, event_spool_handler
     from lumio_ingestd.events.alerts import STREAM_PATH, AlertPublisher, stream_handler
+    from lumio_ingestd.events.gaps import GapLedgerWorker, HealQueue, HealWorker
     from lumio_ingestd.events.held import HeldGifts
     from lumio_ingestd.events.records import RecordWriters
     from lumio_ingestd.events.streamstats import KIND as STATS_KIND
@@ -134,12 +138,14 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.sources.kick import webhook_key
     from lumio_ingestd.sources.kick.signature import KeyFormatError
     from lumio_ingestd.stores import rediskeys, refused_frames
+    from lumio_ingestd.stores.gaps import GapTable
     from lumio_ingestd.stores.jetstream import JetstreamStore
     from lumio_ingestd.stores.redisclient import connect
     from lumio_ingestd.stores.replicas import replica_acks
     from lumio_ingestd.stores.seen import SeenDeliveries
     from lumio_ingestd.stores.sessions import StreamSessions
     from lumio_ingestd.stores.seventv import SetStateStore
+    from lumio_ingestd.stores.sourceseen import SourceSeen
     from lumio_ingestd.stores.spool import Spool, SpoolError, SpoolReplayer
     from lumio_ingestd.web.emit import MAX_BODY_BYTES as EMIT_MAX_BODY
     from lumio_ingestd.web.emit import PATH as EMIT_PATH
@@ -182,6 +188,14 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     # Live alerts: Redis PUBLISH on its own thread, SSE clients on the HTTP port.
     alerts = AlertPublisher(client, metrics)
     seen = {platform: SeenDeliveries(client, platform) for platform in ("twitch", "kick")}
+    # The gaps ledger: every source's paths say when they are up; gaps heal on their own threads.
+    heal_queue = HealQueue()
+    gap_table = GapTable(pool)
+    ledger = GapLedgerWorker(SourceSeen(client), gap_table, metrics, heal_queue,
+                             seen_interval_secs=cfg.daemon.seen_interval_secs)
+    heal_workers = [HealWorker(f"gap-heal-{n}", heal_queue, gap_table, metrics,
+                               heal_max_hours=cfg.daemon.heal_max_hours)
+                    for n in range(1, HEAL_THREADS + 1)]
     deps = SourceDeps(
         metrics=metrics,
         chat_queue=lambda name: ChatQueue(chat, metrics),
@@ -198,6 +212,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         jetstream=JetstreamStore(pool),
         stats=stats,
         kick_webhook_key=kick_key,
+        gaps=ledger,
     )
     parts.sources = synthetic.build(cfg, deps).sources
 
@@ -206,6 +221,9 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         out = AccountParts()
         for platform_build in PLATFORMS:
             built = platform_build(cfg, deps)
+            for worker in built.sources:
+                if isinstance(worker, Source):
+                    worker.gaps = deps.gaps  # one place for every platform (sources/base.py)
             out.sources += built.sources
             out.timers += built.timers
             for method, pattern, handler, max_body in built.routes:
@@ -244,6 +262,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         alerts,
         RetentionWorker(pool, cfg, metrics),
         StartupBackfill(cfg, metrics),
+        ledger,
+        *heal_workers,
     ]
     if cfg.leads:
         # One replica compresses: shard 0, or with `shard = auto` the lease holder.

@@ -25,6 +25,7 @@ from lumio_ingestd.sources.interfaces import (
     Alerts,
     ChatQueueLike,
     FrameSink,
+    GapLedger,
     HeldCopies,
     JetstreamStore,
     PersistChat,
@@ -62,6 +63,8 @@ class SourceDeps:
     stats: StatsSink | None = None
     #: The Kick webhook key, read once at start (a bad key file is a configuration error).
     kick_webhook_key: RsaPublicKey | None = None
+    #: The gaps ledger: every socket source says when its paths are up (sources/base.py).
+    gaps: GapLedger | None = None
 
 
 #: (method, path pattern, handler, body limit or None for the server's).

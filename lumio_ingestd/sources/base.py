@@ -34,6 +34,13 @@ it; the daemon's status snapshot (`runtime/localstate.py`) reads it from the mai
 thread, so it is guarded by a lock. The `source_state{platform,state}` gauge
 counts the sources in each state.
 
+Every source also tells the gaps ledger (`gaps`, a `GapLedger` the runtime
+attaches) when its paths (`gap_keys()`) are up: once the session is healthy
+(`mark_healthy()`, or at connect for a source with `up_on_connect`), down
+when an up session is lost, and `stopped` with the stop time on the way out,
+so a restart's gap is exact. This is the one place it happens, for every
+platform; a source only says which paths it carries and how their gaps end.
+
 Durable when a source has stopped gracefully: everything it accepted from
 its socket, which for a source with a `drain()` is everything the platform
 sent before it saw our close frame (in our buffer, in the kernel's receive
@@ -54,11 +61,16 @@ from typing import Any
 
 from lumio_ingestd.logs import Throttled
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.sources.interfaces import FrameSink
+from lumio_ingestd.model import GapKey, GapMode
+from lumio_ingestd.sources.interfaces import FrameSink, GapLedger, Healer
 from lumio_ingestd.sources.ws import WsClosed, WsConnection
 from lumio_ingestd.worker import Worker
 
 log = logging.getLogger("lumio_ingestd.sources.base")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class SourceClosed(Exception):
@@ -213,6 +225,12 @@ class Source(Worker):
     stable_after_secs: float = 30.0
     #: A graceful stop's `drain()` reads for at most this long (inside the sources' stop bound).
     drain_secs: float = 1.0
+    #: The path name in the gaps ledger (`source_gaps.source`); empty: no ledger.
+    gap_source: str = ""
+    #: How this path's gaps end (model.GapMode).
+    gap_mode: GapMode = "not_healable"
+    #: A source that never calls `mark_healthy()` is up as soon as it connected.
+    up_on_connect: bool = False
 
     def __init__(self, name: str, metrics: Metrics, *, frames: FrameSink | None = None) -> None:
         super().__init__(name, metrics, role=f"source-{self.platform}")
@@ -226,6 +244,10 @@ class Source(Worker):
         self.frame_quarantine = frames
         self._forced_backoff: float | None = None
         self._refusals: dict[str, Throttled] = {}
+        #: The gaps ledger (attached by the runtime) and the healer of this source's gaps.
+        self.gaps: GapLedger | None = None
+        self.healer: Healer | None = None
+        self._up_keys: list[GapKey] = []
 
     # -- for subclasses ----------------------------------------------------------
 
@@ -293,6 +315,26 @@ class Source(Worker):
         if not self._healthy:
             self._healthy = True
             self._attempts = 0
+            self._gap_up()
+
+    def gap_keys(self) -> list[GapKey]:
+        """The paths this source carries, one per account (default: `self.account_id`)."""
+        account_id = getattr(self, "account_id", None)
+        if not self.gap_source or not isinstance(account_id, int):
+            return []
+        return [GapKey(account_id, self.platform, self.gap_source, self.gap_mode, self.healer)]
+
+    def _gap_up(self) -> None:
+        if self.gaps is None or self._up_keys:
+            return
+        self._up_keys = self.gap_keys()
+        if self._up_keys:
+            self.gaps.up(self._up_keys, now_ms())
+
+    def _gap_down(self) -> None:
+        keys, self._up_keys = self._up_keys, []
+        if self.gaps is not None and keys:
+            self.gaps.down(keys, now_ms())
 
     def idle(self) -> None:
         """Called after every read turn (timers: keepalive checks, queue age)."""
@@ -318,6 +360,8 @@ class Source(Worker):
             self.source_state.connected()
             self.metrics.source_connects.labels(self.platform).inc()
             log.info("%s: connected", self.name)
+            if self.up_on_connect:
+                self._gap_up()
         try:
             self.read_once()
         except SourceClosed as exc:
@@ -331,6 +375,8 @@ class Source(Worker):
     def _lost(self, why: str) -> float:
         self.connected = False
         self.close()
+        if not self.stopping:
+            self._gap_down()  # a stop records its own time in final()
         if self.stopping:
             return 0.0
         if self._healthy or time.monotonic() - self._connected_at >= self.stable_after_secs:
@@ -369,3 +415,9 @@ class Source(Worker):
             log.exception("%s: draining the socket failed", self.name)
         self.close()
         self.release()
+        keys, self._up_keys = self._up_keys, []
+        if self.gaps is not None and keys:
+            try:
+                self.gaps.stopped(keys, now_ms())
+            except Exception:  # noqa: BLE001 - the next start then counts from the last record
+                log.exception("%s: recording the stop time failed", self.name)

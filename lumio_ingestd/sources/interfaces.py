@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 from lumio_ingestd.model import (
     ChatMessage,
     Classified,
+    GapKey,
+    HealOutcome,
+    HealWindow,
     OpenSession,
     PersistResult,
     PlatformEvent,
@@ -139,3 +142,26 @@ class HeldCopies(Protocol):
     def keep(self, ev: PlatformEvent) -> bool: ...
 
     def done(self, ev: PlatformEvent) -> None: ...
+
+
+class GapLedger(Protocol):
+    """The gaps ledger (events/gaps.py `GapLedgerWorker`): when a source's paths are up.
+
+    `up` and `down` only note the change in memory and return at once (the ledger's own
+    thread records it in Redis, finds the gap and writes `source_gaps`); `stopped` records
+    the stop time in Redis before it returns (bounded), so the next process's gap starts
+    exactly there. Times are epoch milliseconds.
+    """
+
+    def up(self, keys: Sequence[GapKey], at_ms: int) -> None: ...
+
+    def down(self, keys: Sequence[GapKey], at_ms: int) -> None: ...
+
+    def stopped(self, keys: Sequence[GapKey], at_ms: int) -> None: ...
+
+
+class Healer(Protocol):
+    """Reads a platform's history for a gap's window and stores what it holds through
+    `persist_event` (never a live alert). Raises `HealRetry` or `HealFailed` (model.py)."""
+
+    def heal(self, window: HealWindow) -> HealOutcome: ...

@@ -86,3 +86,8 @@ def instance_of_inflight(key: str) -> str:
 def webhook_seen(platform: str, message_id: str) -> str:
     """A webhook delivery id already handled (a string with a TTL; one key per delivery)."""
     return f"lumio:webhooks:{platform}:seen:{message_id}"
+
+
+def source_seen(account_id: int) -> str:
+    """Hash: `platform:source` -> epoch ms when that path was last known connected and subscribed."""
+    return f"lumio:sourceseen:{{{account_id}}}"

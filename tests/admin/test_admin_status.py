@@ -83,6 +83,9 @@ SCHEMA: dict[str, Any] = {
         "storage": [{"table": str, "compressed_chunks": int, "uncompressed_chunks": int,
                      "compressed_before_bytes": int, "compressed_after_bytes": int,
                      "uncompressed_bytes": int}],
+        "gaps": {key: [{"account_id": int, "platform": str, "source": str, "started_at": str,
+                        "ended_at": str, "seconds": OPT_NUM, "status": str, "healed_rows": int,
+                        "detail": OPT_STR, "closed_at": OPT_STR}] for key in ("open", "last")},
     },
     "spool": {
         "directory": str, "exists": bool, "segments": int, "pending_bytes": int,

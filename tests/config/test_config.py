@@ -94,6 +94,7 @@ EXPECTED_DEFAULTS: dict[str, dict[str, object]] = {
         "state_dir": Path("/var/lib/lumio-ingestd"), "log_level": "info", "shard_index": 0, "shard_count": 1,
         "accounts_dir": Path("/etc/lumio/accounts.d"), "shard_auto": False,
         "spool_max_bytes": 1073741824, "shutdown_timeout_secs": 8.0,
+        "heal_max_hours": 72.0, "seen_interval_secs": 5.0,
     },
     "redis": {
         "url": "redis://127.0.0.1:6379/0", "password": None, "socket_timeout_secs": 2.0,
@@ -117,7 +118,7 @@ EXPECTED_DEFAULTS: dict[str, dict[str, object]] = {
     "twitch": {
         "eventsub_ws_url": "wss://eventsub.wss.twitch.tv/ws", "helix_url": "https://api.twitch.tv/helix",
         "oauth_url": "https://id.twitch.tv/oauth2", "client_id": "", "client_secret": None,
-        "webhook_secret": None, "keepalive_timeout_secs": 30,
+        "webhook_secret": None, "keepalive_timeout_secs": 30, "heal_follows": True,
     },
     "jetstream": {
         "url": "wss://jetstream2.us-east.bsky.network/subscribe", "collections": (), "rewind_secs": 5.0,

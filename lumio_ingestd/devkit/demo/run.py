@@ -8,6 +8,10 @@
 3. The traffic (`traffic`) and a live progress line (`progress`) fed by the
    observer (`observe`): rows, Redis depths, the daemon's metrics, alerts.
    With `--chaos` the database is stopped for a few seconds mid-run (`chaos`).
+   With `--gap` the daemon is stopped (SIGTERM) for a few seconds mid-run and
+   started again while the traffic goes on: tips, StreamElements activities
+   and Twitch follows sent meanwhile are healed from the stand-ins' history,
+   and the summary shows the gaps ledger.
 4. At the end of `--duration`, or on Ctrl-C (SIGINT; also SIGTERM, SIGHUP):
    the traffic stops (the channels go offline); after a normal end the demo
    waits, bounded, until everything sent is stored; a Ctrl-C skips that wait.
@@ -59,6 +63,7 @@ SETTLE_TIMEOUT_SECS = 30.0
 DAEMON_STOP_TIMEOUT_SECS = 30.0
 CHAOS_DOWN_SECS = 5.0
 CHAOS_AT_SECS_UNBOUNDED = 15.0  # when there is no --duration
+GAP_SECS = 5.0
 _STOP = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
@@ -68,6 +73,7 @@ class Options:
     chaos: bool
     rate: float  # chat messages per second, both channels together
     keep: bool
+    gap: bool = False
 
 
 def run(opts: Options, environ: Mapping[str, str], out: TextIO) -> int:
@@ -136,6 +142,10 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
     if opts.chaos:
         start_at = max(3.0, opts.duration * 0.3) if opts.duration else CHAOS_AT_SECS_UNBOUNDED
         chaos = Chaos(stack.pg, console.notice, start_at=start_at, down_secs=CHAOS_DOWN_SECS)
+    gap_at: float | None = None
+    if opts.gap:
+        gap_at = max(3.0, opts.duration * 0.4) if opts.duration else CHAOS_AT_SECS_UNBOUNDED
+    restarts: list[int] = []  # exit codes of the daemons stopped for the gap
     console.started = time.monotonic()
     traffic.start()
     cleanup.callback(_stop_worker, traffic)
@@ -156,6 +166,10 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
             break
         if chaos is not None:
             chaos.step(elapsed)
+        if gap_at is not None and elapsed >= gap_at and not restarts:
+            console.end_status()
+            daemon, http_port, metrics_port = _gap(daemon, stack, traffic, observer, console, signals,
+                                                   environ, root, cleanup, restarts)
         if not daemon.alive:
             raise DaemonFailed(f"the daemon exited on its own; its log {daemon.log_path} ends with:\n"
                                f"{daemon.log_tail()}")
@@ -179,8 +193,10 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
     drain = daemon.drain()
     final = snapshot(exact=True, with_metrics=False)
     _stop_worker(listener)
-    summary = build(final, last, listener.by_type(), run={
+    summary = build(final, last, listener.by_type(), gaps=_ledger(stack.database_url), run={
         "duration_secs": round(console.elapsed(), 1), "chaos": opts.chaos, "rate": opts.rate,
+        "gap": {"restarted": bool(restarts), "first_exit_code": restarts[0] if restarts else None,
+                "away_secs": GAP_SECS} if opts.gap else None,
         "interrupted": interrupted, "settled": settled, "tmpdir": str(root),
         "daemon": {"pid": daemon.pid, "exit_code": code, "drain_complete": drain[0] if drain else None,
                    "drain_secs": drain[1] if drain else None},
@@ -194,7 +210,55 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
         console.print(line)
     if not console.tty:  # for scripts and tests; a person has just read the table
         console.print(summary.machine_line())
-    return exitcodes.OK if summary.ok and code == exitcodes.OK else exitcodes.SOFTWARE
+    first_ok = all(c == exitcodes.OK for c in restarts)
+    return exitcodes.OK if summary.ok and code == exitcodes.OK and first_ok else exitcodes.SOFTWARE
+
+
+def _gap(daemon: DaemonProcess, stack: Stack, traffic: Traffic, observer: Observer, console: Console,
+         signals: SignalQueue, environ: Mapping[str, str], root: Path, cleanup: ExitStack,
+         restarts: list[int]) -> tuple[DaemonProcess, int, int]:
+    """Stop the daemon for GAP_SECS while the traffic goes on, then start a new one."""
+    console.notice(f"--gap: stopping the daemon (SIGTERM) for {GAP_SECS:g}s; tips, follows and Bluesky "
+                   "posts go on and are healed from the platforms' history when it is back")
+    traffic.away.set()
+    restarts.append(daemon.stop(DAEMON_STOP_TIMEOUT_SECS, lambda secs: _stop_requested(signals, secs)))
+    _stop_requested(signals, GAP_SECS)
+    again = DaemonProcess(stack.config_path, root / f"daemon-{len(restarts) + 1}.log", environ)
+    cleanup.callback(again.kill)
+    again.start()
+    http_port, metrics_port = again.wait_listening(READY_TIMEOUT_SECS)
+    stack.kick.webhook_url = f"http://127.0.0.1:{http_port}/webhooks/kick"
+    observer.metrics_port = metrics_port
+    if not wait_until(lambda: _sources_ready(stack) or not again.alive, READY_TIMEOUT_SECS, 0.1) \
+            or not again.alive:
+        raise DaemonFailed(f"the restarted daemon's sources did not subscribe within "
+                           f"{READY_TIMEOUT_SECS:.0f}s; its log {again.log_path} ends with:\n"
+                           f"{again.log_tail()}")
+    traffic.away.clear()
+    console.notice(f"--gap: the daemon is back as pid {again.pid} and subscribed; healing runs")
+    return again, http_port, metrics_port
+
+
+def _ledger(database_url: str) -> list[Mapping[str, object]]:
+    """The gaps ledger as the summary shows it (empty when it cannot be read)."""
+    import psycopg2  # the demo's own read of the database, like the observer's
+
+    try:
+        conn = psycopg2.connect(database_url, connect_timeout=5)
+    except psycopg2.Error:
+        return []
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT account_id, platform, source, status, "
+                        "extract(epoch FROM ended_at - started_at)::float8, healed_rows "
+                        "FROM source_gaps ORDER BY started_at, account_id, platform, source")
+            return [{"account_id": int(a), "platform": str(p), "source": str(s), "status": str(st),
+                     "seconds": round(float(secs), 3), "healed_rows": int(n)}
+                    for a, p, s, st, secs, n in cur.fetchall()]
+    except psycopg2.Error:
+        return []
+    finally:
+        conn.close()
 
 
 def _intro(opts: Options, console: Console, root: Path) -> None:

@@ -7,7 +7,8 @@
   gets a tip, sent as StreamElements does on both `channel.tips` and
   `channel.activities` (one `tip` row expected), and the other a follow
   activity. An item counts as sent only when the gateway had a subscribed
-  socket for it.
+  socket for it, or while the daemon is away on purpose (the stand-in's REST
+  history keeps it, and the daemon heals it from there).
 
 Nothing durable here.
 """
@@ -51,7 +52,7 @@ def config_text(astro: AstroStandin, secrets: Path, account_ids: Sequence[int]) 
         path.chmod(0o600)
         lines[account_id] = (f"streamelements_channel_id = {room_of(account_id)}\n"
                              f"streamelements_token_file = {path}\n")
-    return f"[streamelements]\nastro_url = {astro.url}\n", lines
+    return f"[streamelements]\nastro_url = {astro.url}\napi_url = {astro.api_url}\n", lines
 
 
 def ready(astro: AstroStandin, account_ids: Sequence[int]) -> bool:
@@ -67,8 +68,10 @@ class DemoTips:
         self._accounts = tuple(account_ids)
         self._rng = rng
 
-    def play(self, cycle: int, count: Callable[[str], None], notice: Callable[[str], None]) -> None:
-        """One cycle's StreamElements items; `count(type)` for every row the daemon should store."""
+    def play(self, cycle: int, count: Callable[[str], None], notice: Callable[[str], None], *,
+             healed: bool = False) -> None:
+        """One cycle's StreamElements items; `count(type)` for every row the daemon should store
+        (`healed`: the daemon is away, and heals what no socket took from the history)."""
         a = self._accounts[cycle % len(self._accounts)]
         b = self._accounts[(cycle + 1) % len(self._accounts)]
         tip_id = uuid.uuid4().hex[:24]
@@ -78,10 +81,10 @@ class DemoTips:
             tip_id, room_of(a), amount=amount, username=donor))
         _, by_activity = self._astro.publish_counted(ACTIVITIES, room_of(a), tip_activity_doc(
             uuid.uuid4().hex[:24], tip_id, room_of(a), amount=amount, username=donor))
-        if by_tips or by_activity:
+        if by_tips or by_activity or healed:
             count("tip")
             notice(f"tip: {donor} tips {amount:g} EUR to account {a} (on both StreamElements topics)")
         _, reached = self._astro.publish_counted(ACTIVITIES, room_of(b), activity_doc(
             uuid.uuid4().hex[:24], room_of(b), "follow"))
-        if reached:
+        if reached or healed:
             count("activity.follow")

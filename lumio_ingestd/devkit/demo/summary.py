@@ -59,6 +59,12 @@ class Summary:
     alerts: Mapping[str, int]
     not_sent: int
     run: Mapping[str, Any] = field(default_factory=dict)  # duration, chaos, drain, ports, tmpdir...
+    #: The gaps ledger (`source_gaps`): one entry per gap of an account's source path.
+    gaps: list[Mapping[str, Any]] = field(default_factory=list)
+
+    @property
+    def healed_rows(self) -> int:
+        return sum(int(g["healed_rows"]) for g in self.gaps)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +73,7 @@ class Summary:
     def machine_line(self) -> str:
         data = asdict(self)
         data["ok"] = self.ok
+        data["healed_rows"] = self.healed_rows
         return MACHINE_PREFIX + json.dumps(data, sort_keys=True)
 
 
@@ -77,7 +84,7 @@ def _tally(sent: int, rows: int, distinct: int, waiting: int, quarantined: int, 
 
 
 def build(final: Snapshot, last_metrics: Snapshot, alerts: Mapping[str, int],
-          run: Mapping[str, Any]) -> Summary:
+          run: Mapping[str, Any], gaps: list[Mapping[str, Any]] | None = None) -> Summary:
     """`final`: rows (exact) and depths after the daemon exited; `last_metrics`: its last scrape."""
     rows = final.rows or Rows(0, 0, 0, 0, 0, 0)
     depths = final.depths or Depths(0, 0, 0, 0, 0, 0, 0)
@@ -97,7 +104,7 @@ def build(final: Snapshot, last_metrics: Snapshot, alerts: Mapping[str, int],
         chat_spooled=int(m("chat_messages_total", path="spooled")),
         gift_recipients=rows.children, bluesky_sent=sent.bluesky, bluesky_stored=rows.bluesky,
         events_sent_by_type=dict(sent.by_type), alerts=dict(alerts), not_sent=sent.refused,
-        run=dict(run))
+        run=dict(run), gaps=list(gaps or []))
 
 
 def render(s: Summary) -> list[str]:
@@ -122,6 +129,17 @@ def render(s: Summary) -> list[str]:
         drain = daemon.get("drain_secs")
         lines.append(f"  the daemon drained in {drain:.2f}s and exited with code {daemon.get('exit_code')}"
                      if drain is not None else f"  the daemon exited with code {daemon.get('exit_code')}")
+    if s.gaps:
+        by: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+        for g in s.gaps:
+            by.setdefault((str(g["platform"]), str(g["source"]), str(g["status"])), []).append(g)
+        lines.append(f"  gaps ledger: {len(s.gaps)} gaps; healing stored {s.healed_rows} events the "
+                     "live path had not (late, no live alert):")
+        for (platform, source, status), items in sorted(by.items()):
+            rows = sum(int(g["healed_rows"]) for g in items)
+            longest = max(float(g["seconds"]) for g in items)
+            lines.append(f"    {platform}/{source}: {len(items)} {status}, longest {longest:.1f}s"
+                         + (f", {rows} rows healed" if rows else ""))
     if s.not_sent:
         lines.append(f"  {s.not_sent} notifications were not sent (the stand-in had no open session)")
     problems = [f"{name}: {problem}" for name, t in (("chat", s.chat), ("events", s.events))

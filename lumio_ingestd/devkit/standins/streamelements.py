@@ -20,7 +20,14 @@ describes it:
   unknown or refused token (`send_reconnect(honour=False)`) is closed at once.
   The old socket is closed after `reconnect_grace_secs` if the client keeps it;
 - `refuse_upgrades(status, retry_after)` answers the next upgrades with an
-  HTTP error (502, or 429 with `Retry-After`); `drop()` closes every socket.
+  HTTP error (502, or 429 with `Retry-After`); `drop()` closes every socket;
+- the REST history, on an HTTP port of its own (`api_url`): `GET
+  /activities/{channel}` and `GET /tips/{channel}` (`after`, `before`,
+  `limit`, and `offset` for tips; Bearer token checked) answer from the same
+  history the socket sends: every tip and activity published is kept, whether
+  a socket took it or not (`keep_history` adds one the socket never sends).
+  `fail_history(kind, times)` makes the next requests answer 500, 429 (with
+  `Retry-After`), 401, garbage, or hang; `history_requests` records them.
 
 The `websockets` sync server starts a thread per connection; that is fine
 for a stand-in peer. Nothing durable here: everything lives in memory.
@@ -34,6 +41,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -41,7 +49,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.sync.server import ServerConnection
 
-from lumio_ingestd.devkit.standins.base import StandinServers
+from lumio_ingestd.devkit.standins.base import JsonHandler, StandinServers
 
 _POLL = 0.02
 
@@ -80,7 +88,13 @@ class AstroStandin(StandinServers):
     def __init__(self, *, token: str = "se-jwt-token", token_type: str = "jwt",
                  canonical_rooms: Mapping[str, str] | None = None, ping_interval_secs: float = 30.0,
                  pong_timeout_secs: float = 70.0, reconnect_grace_secs: float = 30.0) -> None:
-        super().__init__("astro", process_request=self._process_request)
+        standin = self
+
+        class Handler(JsonHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server name
+                standin._history_get(self)
+
+        super().__init__("astro", process_request=self._process_request, http_handler=Handler)
         self.token = token
         self.token_type = token_type
         self.canonical_rooms = dict(canonical_rooms or {})
@@ -95,10 +109,96 @@ class AstroStandin(StandinServers):
         self._always_fail: dict[str, str] = {}
         self._handoffs: dict[str, _Handoff] = {}
         self._counter = 0
+        #: (topic, canonical room, created ms, document) of every tip and activity, in order.
+        self.history: list[tuple[str, str, int, dict[str, Any]]] = []
+        self.history_requests: list[tuple[float, str, int]] = []  # (time, path, status)
+        self._history_faults: list[str] = []
+        self.hang_secs = 30.0
 
     @property
     def url(self) -> str:
         return self._ws_url("/")
+
+    @property
+    def api_url(self) -> str:
+        return self._http_url("")
+
+    # -- the REST history ----------------------------------------------------------------
+
+    def keep_history(self, topic: str, room: str, data: Mapping[str, Any]) -> None:
+        """Add a document to the history only (one the socket never sent)."""
+        with self._cond:
+            self._keep(topic, self.canonical_rooms.get(room, room), data)
+
+    def _keep(self, topic: str, canonical: str, data: Mapping[str, Any]) -> None:
+        if topic not in ("channel.tips", "channel.activities"):
+            return
+        created = data.get("createdAt")
+        try:
+            ms = int(datetime.fromisoformat(str(created).replace("Z", "+00:00")).timestamp() * 1000)
+        except ValueError:
+            ms = int(time.time() * 1000)
+        self.history.append((topic, canonical, ms, dict(data)))
+
+    def fail_history(self, kind: str, times: int = 1) -> None:
+        """The next `times` history requests: "500", "429", "401", "garbage" or "hang"."""
+        with self._cond:
+            self._history_faults.extend([kind] * times)
+
+    def _history_get(self, handler: JsonHandler) -> None:
+        parts = urlsplit(handler.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        segments = [s for s in parts.path.split("/") if s]
+        with self._cond:
+            fault = self._history_faults.pop(0) if self._history_faults else None
+        status = self._history_answer(handler, segments, query, fault)
+        with self._cond:
+            self.history_requests.append((time.monotonic(), parts.path, status))
+            self._cond.notify_all()
+
+    def _history_answer(self, handler: JsonHandler, segments: list[str], query: dict[str, str],
+                        fault: str | None) -> int:
+        if fault == "hang":
+            self._stop.wait(self.hang_secs)
+            return 0
+        if fault == "500":
+            handler._answer(500, {"error": "internal"})
+            return 500
+        if fault == "429":
+            handler._answer(429, {"error": "rate limited"}, {"Retry-After": "1"})
+            return 429
+        if fault == "garbage":
+            body = b"<html>not json"
+            handler.send_response(200)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+            return 200
+        auth = handler._headers().get("authorization", "")
+        if fault == "401" or auth != f"Bearer {self.token}":
+            handler._answer(401, {"error": "Unauthorized"})
+            return 401
+        if len(segments) != 2 or segments[0] not in ("activities", "tips"):
+            handler._answer(404, {"error": "not found"})
+            return 404
+        topic = "channel.activities" if segments[0] == "activities" else "channel.tips"
+        room = self.canonical_rooms.get(segments[1], segments[1])
+        try:
+            after = int(query.get("after", "0"))
+            before = int(query.get("before", str(1 << 62)))
+            limit = min(100, int(query.get("limit", "25")))
+            offset = int(query.get("offset", "0"))
+        except ValueError:
+            handler._answer(400, {"error": "bad query"})
+            return 400
+        with self._cond:
+            docs = [d for t, r, ms, d in sorted(self.history, key=lambda h: -h[2])
+                    if t == topic and r == room and after <= ms < before]
+        if topic == "channel.activities":
+            handler._answer(200, docs[:limit])  # type: ignore[arg-type]
+        else:
+            handler._answer(200, {"docs": docs[offset:offset + limit], "total": len(docs)})
+        return 200
 
     # -- control ------------------------------------------------------------------------
 
@@ -116,6 +216,11 @@ class AstroStandin(StandinServers):
     def refuse_upgrades(self, status: int, retry_after: float | None = None, count: int = 1) -> None:
         with self._cond:
             self._refusals.extend([(status, retry_after)] * count)
+
+    def admit_upgrades(self) -> None:
+        """Forget the refusals still queued: the next upgrades are accepted."""
+        with self._cond:
+            self._refusals.clear()
 
     def fail_subscribe(self, topic: str, error: str, times: int | None = 1) -> None:
         """Answer the next `times` subscribes to `topic` with `error` (None: every one)."""
@@ -153,6 +258,7 @@ class AstroStandin(StandinServers):
         text = json.dumps(frame, separators=(",", ":"))
         reached = 0
         with self._cond:
+            self._keep(topic, canonical, data)
             for handoff in self._handoffs.values():
                 if handoff.subscriptions.get(topic) == canonical:
                     handoff.held.append(text)

@@ -25,6 +25,13 @@ document, over real sockets:
   Twitch: "websocket transport session does not exist or has already
   disconnected"); 202 with the subscription, 409 for a repeat on the same
   session; `helix_delay_secs` and `helix_status` inject slowness and errors.
+- Helix `GET {helix_url}/channels/followers?broadcaster_id=ID&first=N&after=C`
+  (the user token and `Client-Id`): the channel's followers newest first,
+  `{"data": [{user_id, user_login, user_name, followed_at}], "total": N,
+  "pagination": {"cursor": C}}`. `follow()` adds a follower and sends its
+  `channel.follow` notification when a session is subscribed, so the list and
+  the socket tell the same history; `followers_faults` makes the next answers
+  500, 429 (with `Ratelimit-Reset`) or 401; `followers_requests` records them.
 - OAuth `GET {oauth_url}/validate` (`Authorization: OAuth <token>`) and
   `POST {oauth_url}/token` (grant_type=refresh_token with the client id and
   secret): 200 with a fresh pair, 400 for a wrong refresh token;
@@ -175,6 +182,9 @@ class TwitchStandin(StandinServers):
         self._bucket_reset = 0.0
         self.subscriptions: list[dict[str, Any]] = []  # every subscription created (with "elapsed")
         self.helix_requests: list[tuple[int, str]] = []  # (status, type)
+        self.followers: dict[str, list[dict[str, str]]] = {}  # broadcaster -> followers, oldest first
+        self.followers_faults: list[int] = []  # statuses the next follower requests answer
+        self.followers_requests: list[tuple[float, int]] = []  # (time, status)
         self.inbound: list[tuple[str, object]] = []  # (session id, data frame) the client sent
         self.connections = 0  # WebSocket handshakes completed (a session exists once welcomed)
         self.validations = 0
@@ -364,6 +374,61 @@ class TwitchStandin(StandinServers):
         md = self._metadata("notification", message_id=message_id, sub_type=sub_type,
                             version=sub.get("version", version), timestamp=timestamp)
         return {"metadata": md, "payload": {"subscription": sub, "event": dict(event)}}
+
+    def follow(self, user_id: str, login: str, *, broadcaster: str | None = None,
+               broadcaster_login: str = "standin", followed_at: str | None = None,
+               notify: bool = True) -> bool:
+        """A new follower of `broadcaster` (default `user_id`): kept in the list, and announced
+        on a subscribed session if there is one (then True)."""
+        channel = broadcaster or self.user_id
+        event = {"user_id": user_id, "user_login": login, "user_name": login.title(),
+                 "broadcaster_user_id": channel, "broadcaster_user_login": broadcaster_login,
+                 "broadcaster_user_name": broadcaster_login.title(),
+                 "followed_at": followed_at or now_text()}
+        with self._lock:
+            self.followers.setdefault(channel, []).append(
+                {k: event[k] for k in ("user_id", "user_login", "user_name", "followed_at")})
+        if notify:
+            try:
+                self.notify("channel.follow", event, broadcaster=channel, version="2")
+                return True
+            except StandinError:
+                pass  # nobody subscribed now: only the list knows (a gap)
+        return False
+
+    def _followers(self, headers: Mapping[str, str], query: str
+                   ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        params = {k: v[-1] for k, v in parse_qs(query).items()}
+        token = (headers.get("authorization") or "").removeprefix("Bearer ")
+        with self._lock:
+            fault = self.followers_faults.pop(0) if self.followers_faults else None
+            status, obj, extra = self._followers_answer(headers, token, params, fault)
+            self.followers_requests.append((time.monotonic(), status))
+        self._notify()
+        return status, obj, extra
+
+    def _followers_answer(self, headers: Mapping[str, str], token: str, params: Mapping[str, str],
+                          fault: int | None) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if fault == 429:
+            return 429, {"error": "Too Many Requests", "status": 429, "message": "Too Many Requests"}, {
+                "Ratelimit-Reset": str(int(time.time()) + 1)}
+        if fault is not None:
+            return fault, {"error": "Forced", "status": fault, "message": f"forced {fault}"}, {}
+        if headers.get("client-id") != self.client_id or token != self.access_token:
+            return 401, {"error": "Unauthorized", "status": 401, "message": "Invalid OAuth token"}, {}
+        channel = params.get("broadcaster_id") or ""
+        if not channel:
+            return 400, {"error": "Bad Request", "status": 400, "message": "broadcaster_id"}, {}
+        try:
+            first = max(1, min(100, int(params.get("first", "20"))))
+            start = int(params.get("after", "0") or "0")
+        except ValueError:
+            return 400, {"error": "Bad Request", "status": 400, "message": "bad first or after"}, {}
+        newest = list(reversed(self.followers.get(channel, [])))
+        page = newest[start:start + first]
+        nxt = start + len(page)
+        return 200, {"data": [dict(f) for f in page], "total": len(newest),
+                     "pagination": {"cursor": str(nxt)} if nxt < len(newest) else {}}, {}
 
     def send_raw(self, session: StandinSession, data: str | bytes, *, text: bool = True) -> bool:
         return self._send(session, data, text=text)
@@ -615,6 +680,8 @@ def _http_handler(standin: TwitchStandin) -> type[BaseHTTPRequestHandler]:
                 self._answer(*standin._validate(self._headers()))
             elif parts.path == "/helix/streams":
                 self._answer(*standin._streams(self._headers(), parts.query))
+            elif parts.path == "/helix/channels/followers":
+                self._answer(*standin._followers(self._headers(), parts.query))
             else:
                 self._answer(404, {"message": "not found"})
 

@@ -61,7 +61,7 @@ import websocket
 
 from lumio_ingestd.config import AccountConfig, JetstreamConfig
 from lumio_ingestd.metrics import Metrics
-from lumio_ingestd.model import Kind
+from lumio_ingestd.model import GapKey, Kind
 from lumio_ingestd.sources.base import Source, SourceClosed
 from lumio_ingestd.sources.interfaces import FrameSink, JetstreamStore
 from lumio_ingestd.sources.jetstream.protocol import (
@@ -92,6 +92,9 @@ OnPost = Callable[[int, dict[str, Any]], None]
 
 class JetstreamSource(Source):
     platform = "bluesky"
+    gap_source = "jetstream"
+    gap_mode = "healed"  # the cursor rewinds over the gap on every reconnect
+    up_on_connect = True
 
     def __init__(self, cfg: JetstreamConfig, accounts: Sequence[AccountConfig], db: JetstreamStore,
                  metrics: Metrics, *,
@@ -163,6 +166,11 @@ class JetstreamSource(Source):
         self._live_since_us: int | None = None
         #: The cursor asked for on each connection (None = live), for logs and tests.
         self.requested_cursors: list[int | None] = []
+
+    def gap_keys(self) -> list[GapKey]:
+        # The ledger names the path by its protocol: Jetstream (the events are Bluesky's).
+        return [GapKey(a, "jetstream", self.gap_source, self.gap_mode)
+                for a in sorted({a for ids in self._accounts_by_did.values() for a in ids})]
 
     # -- connecting ------------------------------------------------------------
 

@@ -102,6 +102,7 @@ def channels_for(account: AccountConfig) -> list[str]:
 
 class KickSource(Source):
     platform = PLATFORM
+    gap_source = "pusher"  # chat and events, neither with a history to read back
 
     def __init__(self, account: AccountConfig, kick: KickConfig, *, chat_queue: ChatQueueLike,
                  sink: EventSink, metrics: Metrics, activity_max_secs: float = ACTIVITY_MAX_SECS,

@@ -62,6 +62,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import GapKey
 from lumio_ingestd.sources.base import Source, SourceClosed
 from lumio_ingestd.sources.interfaces import FrameSink, SetStateStore
 from lumio_ingestd.sources.seventv.api import SevenTvApi
@@ -107,6 +108,8 @@ MISSED_HEARTBEATS = 3
 class SevenTvSocket(Source):
     platform = PLATFORM
     max_turn_secs = 60.0
+    gap_source = "eventapi"
+    gap_mode = "healed"  # the REST diff after every (re)subscribe brings what was missed
 
     def __init__(self, name: str, url: str, group: Sequence[Followed], *, api: SevenTvApi,
                  store: SetStateStore, sink: Sink, metrics: Metrics,
@@ -151,31 +154,31 @@ class SevenTvSocket(Source):
         self.hellos: list[Hello] = []
         self.resume_acks: list[dict[str, Any]] = []
         self._group_lock = threading.Lock()
-        self.healer = SevenTvHealer(self)
+        self.heal_thread = SevenTvHealer(self)
 
     # -- the heal thread --------------------------------------------------------------------
 
     def start(self) -> None:
         super().start()
-        if not self.healer.alive:
-            self.healer.start()
+        if not self.heal_thread.alive:
+            self.heal_thread.start()
 
     def healthy(self, now: float | None = None) -> bool:
-        return super().healthy(now) and (not self.healer.alive or self.healer.healthy(now))
+        return super().healthy(now) and (not self.heal_thread.alive or self.heal_thread.healthy(now))
 
     def final(self) -> None:
-        self.healer.request_stop()  # its REST call in flight is cut by close() below
+        self.heal_thread.request_stop()  # its REST call in flight is cut by close() below
         try:
             super().final()
         finally:
-            if not self.healer.join(self.healer_stop_secs):
+            if not self.heal_thread.join(self.healer_stop_secs):
                 log.warning("%s: heal thread did not stop within %.1fs", self.name, self.healer_stop_secs)
 
     def heal_due_accounts(self) -> None:
         """On the heal thread: heal the accounts that are due and subscribed, one after the other."""
         started = time.monotonic()
         for f in self._accounts():
-            if self.stopping or self.healer.stopping or not self.connected:
+            if self.stopping or self.heal_thread.stopping or not self.connected:
                 return
             if time.monotonic() - started >= self.heal_budget_secs:
                 return  # the next turn goes on (and sees a stop in between)
@@ -369,6 +372,10 @@ class SevenTvSocket(Source):
             self._handle(frame, data)
 
     # -- the group ---------------------------------------------------------------------------
+
+    def gap_keys(self) -> list[GapKey]:
+        return [GapKey(f.account_id, PLATFORM, self.gap_source, self.gap_mode)
+                for f in self._accounts()]
 
     def _accounts(self) -> list[Followed]:
         with self._group_lock:

@@ -138,6 +138,8 @@ def with_query(url: str, **params: str) -> str:
 class StreamElementsSource(Source):
     platform = PLATFORM
     max_turn_secs = 60.0
+    gap_source = "astro"
+    gap_mode = "heal"  # activities and tips are read back from the REST API (history.py)
 
     def __init__(self, account: AccountConfig, se: StreamElementsConfig, *, sink: EventSink,
                  metrics: Metrics, connect_timeout_secs: float = 10.0, welcome_timeout_secs: float = 10.0,

@@ -6,6 +6,8 @@
 - `helix`, `oauth`, `httpclient`: subscriptions and the user token.
 - `gifts`, `sink`, `sessions`: gift-bomb linking, persisting + alerts, stream_sessions.
 - `webhook`: `POST /webhooks/twitch`.
+- `followers`: `FollowerHistory`, the healer of a gap's follows (Helix
+  `GET /channels/followers`, with `[twitch] heal_follows`).
 
 `build()` makes all of it from the configuration: a source for every
 account of this shard that has `twitch_user_id` and `twitch_token_file`
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from lumio_ingestd.config import Config
 from lumio_ingestd.sources import Built, SourceDeps
+from lumio_ingestd.sources.twitch.followers import FollowerHistory
 from lumio_ingestd.sources.twitch.mapping import PLATFORM
 from lumio_ingestd.sources.twitch.oauth import TokenStore
 from lumio_ingestd.sources.twitch.sink import TwitchSink
@@ -43,8 +46,12 @@ def build(cfg: Config, deps: SourceDeps) -> Built:
         tokens = TokenStore(account.twitch_token_file, cfg.twitch.oauth_url, cfg.twitch.client_id,
                             cfg.twitch.client_secret, metrics)
         name = f"source-twitch-{account.account_id}"
-        built.sources.append(TwitchSource(account, cfg.twitch, chat_queue=deps.chat_queue(name), sink=sink,
-                                          tokens=tokens, metrics=metrics, frames=deps.frames))
+        source = TwitchSource(account, cfg.twitch, chat_queue=deps.chat_queue(name), sink=sink,
+                              tokens=tokens, metrics=metrics, frames=deps.frames)
+        if cfg.twitch.heal_follows:
+            # Healed follows take persist_event only: they are late, no live alert.
+            source.healer = FollowerHistory(account, cfg.twitch, tokens, deps.persist_event, metrics)
+        built.sources.append(source)
     return built
 
 __all__ = ["TwitchSource", "TwitchWebhook", "build"]

@@ -10,7 +10,9 @@ came (docs/platforms.rst, "What the rows look like", Twitch):
 - Every other notification is one `events` row: `type` = the subscription
   type, `payload` = the notification's `event` object as Twitch sent it,
   `external_id` = the platform's own id of the event where it has one
-  (`_OWN_ID`), else the delivery id; `created_at` = the event's own time
+  (`_OWN_ID`), else the delivery id; `channel.follow`, which has none, gets
+  `follow:<user_id>:<followed_at epoch seconds>` (`follow_external_id`),
+  which Helix's follower list gives the same follow when a gap is healed; `created_at` = the event's own time
   field where it has one (`_OWN_TIME`), else the delivery timestamp;
   `user_id` = the viewer the event is about (GDPR erasure finds it there).
 - `channel.subscription.gift` and `channel.subscribe` with `is_gift` carry a
@@ -61,6 +63,7 @@ MAX_FRAME_BYTES = 512 * 1024
 CHAT_TYPE = "channel.chat.message"
 GIFT_TYPE = "channel.subscription.gift"
 SUB_TYPE = "channel.subscribe"
+FOLLOW_TYPE = "channel.follow"
 CONTROL_TYPES = frozenset({"session_welcome", "session_keepalive", "session_reconnect", "revocation"})
 
 # Subscription type -> the event field that is the platform's own id of this one event.
@@ -337,14 +340,24 @@ def _one(account_id: int, sub_type: str, event: Mapping[str, Any], delivery_id: 
          delivery_time: datetime, known_clean: bool = False) -> Notification:
     if sub_type == CHAT_TYPE:
         return _chat_note(map_chat(account_id, event, delivery_time, known_clean=known_clean))
-    created_at = _own_time(sub_type, event) or delivery_time
+    own_time = _own_time(sub_type, event)
+    created_at = own_time or delivery_time
     own_key = _OWN_ID.get(sub_type)
     own_id = event.get(own_key) if own_key else None
     external_id = own_id if isinstance(own_id, (str, int)) and str(own_id) else delivery_id
+    follower = event.get("user_id")
+    if sub_type == FOLLOW_TYPE and own_time is not None and isinstance(follower, str) and follower:
+        # From the content, so Helix's follower list (followers.py) names the same row.
+        external_id = follow_external_id(follower, own_time)
     ev = PlatformEvent.new(account_id=account_id, platform=PLATFORM, type=sub_type, payload=event,
                            created_at=created_at, external_id=str(external_id),
                            user_id=_user_of(event), known_clean=known_clean)
     return Notification(event=ev, gift=_gift_of(sub_type, event), stream=_stream_of(sub_type, event, ev))
+
+
+def follow_external_id(user_id: str, followed_at: datetime) -> str:
+    """A follow's key on every path: EventSub (socket, webhook) and Helix's follower list."""
+    return f"follow:{user_id}:{int(followed_at.timestamp())}"
 
 
 def map_chat(account_id: int, event: Mapping[str, Any], delivery_time: datetime, *,

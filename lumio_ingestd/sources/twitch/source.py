@@ -48,6 +48,7 @@ from collections.abc import Sequence
 
 from lumio_ingestd.config import AccountConfig, TwitchConfig
 from lumio_ingestd.metrics import Metrics
+from lumio_ingestd.model import GapKey
 from lumio_ingestd.sources.base import BadFrame, PeerClosed, Source, SourceClosed
 from lumio_ingestd.sources.interfaces import ChatQueueLike, FrameSink
 from lumio_ingestd.sources.twitch.eventsub import EventSubClient, KeepaliveTimeout
@@ -93,6 +94,7 @@ CLOSE_CODES: dict[int, tuple[str, int]] = {
 class TwitchSource(Source):
     platform = PLATFORM
     max_turn_secs = 60.0
+    gap_source = "eventsub"
 
     def __init__(self, account: AccountConfig, twitch: TwitchConfig, *, chat_queue: ChatQueueLike,
                  sink: TwitchSink, tokens: TokenStore, metrics: Metrics,
@@ -121,8 +123,15 @@ class TwitchSource(Source):
         self.active: set[str] = set()  # subscription types enabled on the current session
         self._types = frozenset(sub.type for sub in self._subscriptions)
         self._next_validate_check = 0.0
+        # Follows are read back from Helix after a gap (followers.py); nothing else is.
+        self.gap_mode = "heal" if twitch.heal_follows else "not_healable"
 
     # -- Source --------------------------------------------------------------------------
+
+    def gap_keys(self) -> list[GapKey]:
+        """The events (follows healable) and, on the same socket, chat (never healable)."""
+        return [GapKey(self.account_id, PLATFORM, "eventsub", self.gap_mode, self.healer),
+                GapKey(self.account_id, PLATFORM, "chat", "not_healable")]
 
     def connect(self) -> None:
         self._housekeeping(time.monotonic())  # what waited through the backoff goes out first

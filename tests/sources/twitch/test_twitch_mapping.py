@@ -42,7 +42,9 @@ def test_chat_message_uses_the_event_message_id_and_the_delivery_time() -> None:
 
 @pytest.mark.parametrize(("sub_type", "event", "external_id", "created_at", "user_id"), [
     ("channel.cheer", tf.cheer_event("1234"), "delivery-1", DELIVERY, "1234"),
-    ("channel.follow", tf.follow_event("55"), "delivery-1",
+    # A follow has no id of its own: its key comes from its content (the Helix path's too).
+    ("channel.follow", tf.follow_event("55"),
+     f"follow:55:{int(datetime(2026, 1, 5, 18, 16, 11, tzinfo=UTC).timestamp())}",
      datetime(2026, 1, 5, 18, 16, 11, 171067, tzinfo=UTC), "55"),
     ("channel.channel_points_custom_reward_redemption.add", tf.redemption_event("red-1", "9"), "red-1",
      datetime(2026, 1, 5, 18, 30, tzinfo=UTC), "9"),
