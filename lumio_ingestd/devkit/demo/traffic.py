@@ -16,9 +16,10 @@ and whatever the timeline holds for the current half second:
 - on Bluesky, a post by one of the accounts' DIDs every second, a like every
   four seconds, and posts by other DIDs (which the daemon's `wantedDids`
   filter keeps out) in between;
-- on 7TV, twice a cycle, an emote added to one account's emote set, renamed,
-  or removed (in turn), made through the stand-in's "website" and dispatched
-  on the EventAPI: each is one `emote.*` event;
+- on 7TV, twice a cycle, an emote added to the cycle's account's emote set,
+  renamed, or removed (in turn per account: the first cycle adds and renames,
+  so a short run shows both), made through the stand-in's "website" and
+  dispatched on the EventAPI: each is one `emote.*` event;
 - on Kick (account 1's Kick channel): a fifth of the chat, every fifth Kick
   message also delivered as a signed `chat.message.sent` webhook with the
   same id (stored once: counted once); over the Pusher socket a sub, a gift
@@ -257,7 +258,8 @@ class Traffic(Worker):
                 self._notice(f"raid: {viewers} viewers arrive at {a.login}; chat bursts to "
                              f"{self._rate * RAID_BURST_FACTOR:.0f} messages/s")
         elif step in (5, 15):
-            self._emote(a if step == 5 else b)
+            # Both on the cycle's account: its add and rename come 5 s apart, early in a run.
+            self._emote(a)
         elif step == 16:
             self._follow(b, user)
         elif step == 3 and self._tips is not None:
