@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from lumio_ingestd import boundedjson
@@ -42,6 +43,11 @@ def is_pii_key(key: object) -> bool:
 
 def strip_pii(value: Any) -> tuple[Any, int]:
     """`value` without donor email, geolocation or IP keys at any depth; and how many went."""
+    return _walk(value, _unchanged)
+
+
+def _walk(value: Any, leaf: Callable[[Any], tuple[Any, int]]) -> tuple[Any, int]:
+    """`value` without PII keys at any depth, each value that is no container passed to `leaf`."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         removed = 0
@@ -49,40 +55,30 @@ def strip_pii(value: Any) -> tuple[Any, int]:
             if is_pii_key(key):
                 removed += 1
                 continue
-            out[key], n = strip_pii(item)
+            out[key], n = _walk(item, leaf)
             removed += n
         return out, removed
     if isinstance(value, list):
         items = []
         removed = 0
         for item in value:
-            clean, n = strip_pii(item)
+            clean, n = _walk(item, leaf)
             items.append(clean)
             removed += n
         return items, removed
+    return leaf(value)
+
+
+def _unchanged(value: Any) -> tuple[Any, int]:
     return value, 0
 
 
 def _deep(value: Any) -> tuple[Any, int]:
     """`strip_pii`, also inside string values that hold JSON, and with emails masked."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        removed = 0
-        for key, item in value.items():
-            if is_pii_key(key):
-                removed += 1
-                continue
-            out[key], n = _deep(item)
-            removed += n
-        return out, removed
-    if isinstance(value, list):
-        items = []
-        removed = 0
-        for item in value:
-            clean, n = _deep(item)
-            items.append(clean)
-            removed += n
-        return items, removed
+    return _walk(value, _deep_leaf)
+
+
+def _deep_leaf(value: Any) -> tuple[Any, int]:
     if isinstance(value, str):
         text = value.strip()
         if text[:1] in ("{", "["):
