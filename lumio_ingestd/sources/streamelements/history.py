@@ -47,6 +47,7 @@ from lumio_ingestd.sources.base import BadFrame
 from lumio_ingestd.sources.history import HistoryClient, Unauthorized
 from lumio_ingestd.sources.httpclient import join
 from lumio_ingestd.sources.interfaces import PersistEvent
+from lumio_ingestd.sources.sink import TAKEN
 from lumio_ingestd.sources.streamelements.protocol import ACTIVITIES, PLATFORM, TIPS, Frame, map_message
 from lumio_ingestd.sources.streamelements.source import TokenFile
 
@@ -55,8 +56,6 @@ log = logging.getLogger("lumio_ingestd.sources.streamelements.history")
 PAGE = 100
 #: A window with more pages than this is cut (and the try fails, to be tried again later).
 MAX_PAGES = 500
-#: The outcomes that mean: stored now by healing (the live path had not).
-TAKEN = ("stored", "parked", "spooled")
 
 
 class SeHistory:

@@ -38,6 +38,7 @@ from lumio_ingestd.model import (
 from lumio_ingestd.sources.history import HistoryClient, Unauthorized
 from lumio_ingestd.sources.httpclient import join
 from lumio_ingestd.sources.interfaces import PersistEvent
+from lumio_ingestd.sources.sink import TAKEN
 from lumio_ingestd.sources.twitch.mapping import FOLLOW_TYPE, PLATFORM, follow_external_id
 from lumio_ingestd.sources.twitch.oauth import TokenError, TokenStore
 
@@ -45,7 +46,6 @@ log = logging.getLogger("lumio_ingestd.sources.twitch.followers")
 
 PAGE = 100
 MAX_PAGES = 1000
-TAKEN = ("stored", "parked", "spooled")
 
 
 class FollowerHistory:
