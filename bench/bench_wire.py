@@ -1,6 +1,7 @@
 """Chat end to end from the wire: WebSocket frames on loopback to committed rows, beside the raw limits.
 
     .venv/bin/python bench/bench_wire.py [--messages 50000] [--runs 3] [--naive 5000]
+        [--shape short|full]
 
 Starts a private PostgreSQL and Redis (lumio_ingestd.devkit.servers, as the tests
 do) and the stand-in Twitch in a process of its own (bench/standin_server.py:
@@ -12,25 +13,40 @@ A real `TwitchSource` subscribes to it, with the real `ChatQueue`,
 
 - end to end: the stand-in sends N `channel.chat.message` notifications as
   fast as its socket takes them; the clock runs from the command until the
-  flusher has committed the last of them (rows checked after);
+  flusher has committed the last of them (rows checked after), and so does
+  this process's CPU (user + system, every thread: the pipeline runs here,
+  the stand-in in its own process), reported per message;
 - the raw limits, on the very frames of that run: `json.loads` of each frame;
   RPUSH of their entries in pipelined batches of 200 (what a source's queue
   hands over at once); one `COPY chat_messages FROM STDIN` of their rows; and
-  a naive baseline, one autocommitted INSERT per message (on `--naive` of them).
+  a naive baseline, one autocommitted INSERT per message (on `--naive` of them);
+- one round of the single-thread floor (`floor_round`) on the same frames:
+  the CPU per message of each step with no thread beside it.
 
-Once, after the runs, on the last run's frames: the single-thread floor
-(`single_thread_floor`, median of three rounds), the CPU per message of each
-step with no thread beside it, and the highest end to end / parse + extract
-ratio that leaves.
+Then, over the runs: the floor (`single_thread_floor`, each step's median),
+the highest end to end / parse + extract ratio it leaves, the floor-limited
+rate, 1e6 / floor (the messages a second one thread would reach doing nothing
+but this pipeline's work), and end to end against it: the median of each
+run's ratio to the floor measured right after it (this machine's speed
+drifts by a third within minutes, so a floor measured once beside three runs
+moved that ratio from 0.64 to 0.92 between two runs of this script).
 
-Prints a table and writes bench/results/bench_wire.json. Not a test: nothing
-here asserts a speed.
+`--shape` picks the frames (bench/standin_server.py, `SHAPES`): "short", one
+text fragment and one badge in spaced JSON (~1.4 KB, the frames of earlier
+figures), or "full", a busy channel's message with emote and mention
+fragments, three badges and a reply, compact as Twitch sends it (~2.2 KB).
+Every measure of a run is on that shape's frames.
+
+Prints a table and writes bench/results/bench_wire.json (bench_wire_full.json
+for the full shape). Not a test: nothing here asserts a speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -42,7 +58,7 @@ from typing import Any
 
 from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import check_stored, raw_copy, truncate  # noqa: E402
-from standin_server import StandinProcess  # noqa: E402
+from standin_server import SHAPES, StandinProcess  # noqa: E402
 
 from lumio_ingestd.chat.flusher import flush_threads  # noqa: E402
 from lumio_ingestd.chat.ingest import ChatIngest, ChatQueue  # noqa: E402
@@ -73,9 +89,28 @@ def broadcaster(account_id: int) -> str:
     return str(777_000 + account_id)
 
 
+def prepare_chat(standin: StandinProcess, n: int, broadcasters: list[str], shape: str,
+                 path: Path | None = None) -> float:
+    """The stand-in's frames for the next blast: `n` per broadcaster, of `shape`
+    (written to `path` too, when given); returns their mean payload bytes."""
+    reply = standin.call("prepare_chat", n=n, broadcasters=broadcasters, shape=shape,
+                         path=str(path) if path is not None else None)
+    if not reply["ok"]:
+        raise SystemExit(reply.get("error") or f"the stand-in has no session for {reply['missing']}")
+    return float(reply["bytes_per_frame"])
+
+
+def process_cpu_secs() -> float:
+    """This process's CPU time so far, user + system, every thread."""
+    times = os.times()
+    return times.user + times.system
+
+
 def write_config(tmp: Path, pg: PostgresServer, rds: RedisServer, standin: dict[str, Any], *,
-                 accounts: int = 1, shard: str = "0/1", instance_id: str = "bench-wire") -> Path:
-    """An ingestd.ini in `tmp` for accounts 1..`accounts`, each with a token file of its own."""
+                 accounts: int = 1, shard: str = "0/1", instance_id: str = "bench-wire",
+                 extra: dict[str, dict[str, object]] | None = None) -> Path:
+    """An ingestd.ini in `tmp` for accounts 1..`accounts`, each with a token file of its own
+    (`extra`: more sections)."""
     tmp.mkdir(parents=True, exist_ok=True)
     secret = tmp / "client_secret"
     secret.write_text(standin["client_secret"] + "\n")
@@ -93,6 +128,7 @@ def write_config(tmp: Path, pg: PostgresServer, rds: RedisServer, standin: dict[
         token.write_text(json.dumps({"access_token": standin["access_token"],
                                      "refresh_token": standin["refresh_token"]}))
         sections[f"account.{i}"] = {"twitch_user_id": broadcaster(i), "twitch_token_file": token}
+    sections.update(extra or {})
     return write_ini(tmp / "ingestd.ini", sections)
 
 
@@ -117,7 +153,10 @@ class Pipeline:
             persist_chat=chat.buffer_or_persist, persist_event=events.persist_event, alerts=None,
             sessions=StreamSessions(pool, metrics), seen=lambda platform: seen))
         self.sources = twitch.sources
-        self.flushers = flush_threads(client, pool, metrics, cfg)
+        #: False: the flushers own no account (they leave a floor round's buffers alone).
+        self.flushing = True
+        self.flushers = flush_threads(client, pool, metrics, cfg,
+                                      owns=lambda account: self.flushing and cfg.owns(account))
         self.broadcasters = [a.twitch_user_id for a in cfg.accounts
                              if a.twitch_user_id is not None and cfg.owns(a.account_id)]
 
@@ -191,11 +230,13 @@ def _cpu_us_per(n: int, step: Callable[[], object]) -> float:
     return (time.thread_time() - started) / n * 1e6
 
 
-def single_thread_floor(cfg: Config, pg: PostgresServer, frames: list[str],
-                        repeats: int = 3) -> dict[str, float]:
+def single_thread_floor(rounds: list[dict[str, float]]) -> dict[str, float]:
     """CPU per message (us) of each step of the pipeline, on this one thread, nothing else running.
 
-    A `Pipeline` of the same config, built and never started: its source and
+    One round (`floor_round`) after each end-to-end run, on that run's frames:
+    the machine's speed drifts within minutes, and the end to end / floor
+    ratio must set each against the other measured at the same time. A
+    `Pipeline` of the same config, built and never started: its source and
     its first flusher are driven from here, one step after the other, on the
     run's frames. The steps: parse + extract (`interpret`, the reference of the
     ratio); the frame read (`_FrameReader` on a buffer holding the frames'
@@ -203,20 +244,19 @@ def single_thread_floor(cfg: Config, pg: PostgresServer, frames: list[str],
     (`_dispatch`: dedup, the subscription check, the queue, the entry and the
     pipelined RPUSH; its own parse + extract taken off); the flusher (claim,
     COPY lines, COPY, commit, finish; its waits on PostgreSQL and Redis are
-    not CPU and are left out). Each step's median of `repeats` rounds, every
-    round on a new pipeline and an empty table. Their sum, `floor`, is what
+    not CPU and are left out). Each step's median of the rounds, every
+    round on a new pipeline and an empty table (the live pipeline's flushers
+    own no account meanwhile, and its source has nothing to read). Their sum, `floor`, is what
     one message costs the interpreter lock with no second thread to hand it
     to, so `parse_extract / floor` is the highest end to end / parse +
     extract ratio this code reaches on this machine: threads only add to it.
     """
-    rounds = [_floor_round(cfg, pg, frames) for _ in range(repeats)]
     out = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    out["floor"] = out["parse_extract"] + out["frame_read"] + out["source_rest"] + out["flush"]
     out["ceiling_ratio"] = out["parse_extract"] / out["floor"]
     return out
 
 
-def _floor_round(cfg: Config, pg: PostgresServer, frames: list[str]) -> dict[str, float]:
+def floor_round(cfg: Config, pg: PostgresServer, frames: list[str]) -> dict[str, float]:
     truncate(pg)  # the end-to-end runs (or the last round) stored these very messages
     pipeline = Pipeline(cfg)
     try:
@@ -243,6 +283,7 @@ def _floor_round(cfg: Config, pg: PostgresServer, frames: list[str]) -> dict[str
     finally:
         pipeline.close()
     out["source_rest"] = out.pop("source") - out["parse_extract"]
+    out["floor"] = out["parse_extract"] + out["frame_read"] + out["source_rest"] + out["flush"]
     return out
 
 
@@ -280,9 +321,20 @@ def naive_insert_rate(pg: PostgresServer, msgs: list[ChatMessage]) -> float:
     return len(msgs) / elapsed
 
 
-def run(messages: int = 50_000, runs: int = 3, naive: int = 5_000) -> dict[str, Any]:
-    """Every measure of (a), `runs` times; medians in "median"."""
+def raw_limits(pg: PostgresServer, rds: RedisServer, frames_path: Path, naive: int) -> dict[str, float]:
+    """The raw limits on a run's frames (read back from where the stand-in wrote them); the
+    frames and messages are this function's own, gone when it returns."""
+    frames = frames_path.read_text().splitlines()
+    msgs = [item.chat for f in frames for item in interpret(1, f).items if item.chat is not None]
+    return {"json_parse": json_parse_rate(frames), "parse_extract": parse_extract_rate(frames),
+            "redis_pipeline": redis_pipeline_rate(rds, msgs), "copy": raw_copy(pg, msgs),
+            "naive_insert": naive_insert_rate(pg, msgs[:naive])}
+
+
+def run(messages: int = 50_000, runs: int = 3, naive: int = 5_000, shape: str = "short") -> dict[str, Any]:
+    """Every measure of (a) on `shape`'s frames, `runs` times; medians in "median"."""
     per_run: list[dict[str, float]] = []
+    rounds: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-wire-") as tmpdir, servers(Path(tmpdir)) as (pg, rds):
         tmp = Path(tmpdir)
         standin = StandinProcess()
@@ -296,45 +348,63 @@ def run(messages: int = 50_000, runs: int = 3, naive: int = 5_000) -> dict[str, 
                 for r in range(runs):
                     truncate(pg)
                     frames_path = tmp / f"frames-{r}.txt"
-                    if not standin.call("prepare_chat", n=messages, broadcaster=broadcaster(1),
-                                        path=str(frames_path))["ok"]:
-                        raise SystemExit("the stand-in has no session for the broadcaster")
+                    bytes_per_frame = prepare_chat(standin, messages, [broadcaster(1)], shape, frames_path)
                     base = pipeline.flushed()
 
                     def all_flushed(b: float = base) -> bool:
                         return pipeline.flushed() >= b + messages
 
+                    # What this process made since the pipeline started (the last run's
+                    # raw limits: ~10^5 objects) would be walked by the collections of the
+                    # pipeline's garbage, which the daemon's heap never holds (run 3 measured
+                    # 0.7 x run 1): freed, and the rest frozen as the daemon's start-up is.
+                    gc.collect()
+                    gc.freeze()
+                    cpu_started = process_cpu_secs()
                     started = time.perf_counter()
                     sent = standin.call("blast")
                     if not wait_until(all_flushed, 600, interval=0.005):
                         raise SystemExit("the flusher did not store every message")
                     elapsed = time.perf_counter() - started
+                    cpu = process_cpu_secs() - cpu_started
                     check_stored(pg, messages)
-                    frames = frames_path.read_text().splitlines()
-                    msgs = [item.chat for f in frames for item in interpret(1, f).items
-                            if item.chat is not None]
                     per_run.append({
                         "end_to_end": messages / elapsed,
                         "standin_send": sent["sent"] / sent["seconds"],
-                        "json_parse": json_parse_rate(frames),
-                        "parse_extract": parse_extract_rate(frames),
-                        "redis_pipeline": redis_pipeline_rate(rds, msgs),
-                        "copy": raw_copy(pg, msgs),
-                        "naive_insert": naive_insert_rate(pg, msgs[:naive]),
+                        **raw_limits(pg, rds, frames_path, naive),
+                        "cpu_us_per_message": cpu / messages * 1e6,
+                        "bytes_per_frame": bytes_per_frame,
                     })
-                    print(f"  (a) run {r + 1}/{runs}: end to end {per_run[-1]['end_to_end']:,.0f}/s",
-                          file=sys.stderr, flush=True)
+                    pipeline.flushing = False
+                    try:
+                        rounds.append(floor_round(cfg, pg, frames_path.read_text().splitlines()))
+                    finally:
+                        pipeline.flushing = True
+                    # Each run's end to end against the floor measured right after it.
+                    per_run[-1]["end_to_end_to_floor_limited"] = (
+                        per_run[-1]["end_to_end"] * rounds[-1]["floor"] / 1e6)
+                    print(f"  (a) {shape} frames, run {r + 1}/{runs}: end to end "
+                          f"{per_run[-1]['end_to_end']:,.0f}/s", file=sys.stderr, flush=True)
             finally:
                 pipeline.close()
-            floor = single_thread_floor(cfg, pg, frames)
+            floor = single_thread_floor(rounds)
         finally:
             standin.close()
     median = {key: statistics.median(r[key] for r in per_run) for key in per_run[0]}
-    return {"messages_per_run": messages, "runs": runs, "naive_messages": min(naive, messages),
+    floor_limited = 1e6 / floor["floor"]
+    return {"shape": shape, "bytes_per_frame": median["bytes_per_frame"],
+            "messages_per_run": messages, "runs": runs, "naive_messages": min(naive, messages),
             "redis_batch": REDIS_BATCH, "flush_interval_secs": FLUSH_INTERVAL, "per_run": per_run,
-            "median": median, "single_thread_floor_us": floor,
+            "median": median, "cpu_us_per_message": median["cpu_us_per_message"],
+            "single_thread_floor_us": floor, "floor_limited_rate": floor_limited,
             "ratio_end_to_end_to_copy": median["end_to_end"] / median["copy"],
-            "ratio_end_to_end_to_parse_extract": median["end_to_end"] / median["parse_extract"]}
+            "ratio_end_to_end_to_parse_extract": median["end_to_end"] / median["parse_extract"],
+            "ratio_end_to_end_to_floor_limited": median["end_to_end_to_floor_limited"]}
+
+
+def result_name(name: str, shape: str) -> str:
+    """A result file's name: bench/results/NAME.json for the short shape, NAME_SHAPE.json for another."""
+    return name if shape == "short" else f"{name}_{shape}"
 
 
 ROWS = (
@@ -362,17 +432,26 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--naive", type=int, default=5_000)
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="short",
+                        help="the chat frames (bench/standin_server.py, SHAPES)")
     args = parser.parse_args()
-    result = run(args.messages, args.runs, args.naive)
-    print(f"{'chat, messages/s (median of ' + str(args.runs) + ')':<68}{'value':>12}")
+    result = run(args.messages, args.runs, args.naive, args.shape)
+    title = f"chat, {args.shape} frames, messages/s (median of {args.runs})"
+    print(f"{title:<68}{'value':>12}")
     for key, label in ROWS:
         print(f"{label:<68}{result['median'][key]:>12,.0f}")
+    print(f"{'bytes per frame (payload, before WebSocket framing)':<68}{result['bytes_per_frame']:>12,.0f}")
+    print(f"{'process CPU us per message, end to end (user + system)':<68}"
+          f"{result['cpu_us_per_message']:>12.1f}")
     print(f"{'ratio end to end / COPY':<68}{result['ratio_end_to_end_to_copy']:>12.2f}")
     print(f"{'ratio end to end / parse + extract':<68}"
           f"{result['ratio_end_to_end_to_parse_extract']:>12.2f}")
     for key, label in FLOOR_ROWS:
         print(f"{label:<68}{result['single_thread_floor_us'][key]:>12.2f}")
-    write_result("bench_wire", result)
+    print(f"{'floor-limited rate, messages/s (1e6 / floor)':<68}{result['floor_limited_rate']:>12,.0f}")
+    print(f"{'ratio end to end / floor-limited rate':<68}"
+          f"{result['ratio_end_to_end_to_floor_limited']:>12.2f}")
+    write_result(result_name("bench_wire", args.shape), result)
     return 0
 
 

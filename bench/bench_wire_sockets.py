@@ -1,7 +1,7 @@
 """Chat end to end over many sockets: 1, 4 and 16 in one process, and two replicas on the machine.
 
     .venv/bin/python bench/bench_wire_sockets.py [--messages 50000] [--runs 3]
-        [--sockets 1,4,16] [--replica-sockets 1,8]
+        [--sockets 1,4,16] [--replica-sockets 1,8] [--shape short|full]
 
 The same pipeline as bench_wire.py (`bench_wire.Pipeline`: what `app.build`
 wires for Twitch chat), but for N accounts: each its own `TwitchSource` with
@@ -18,8 +18,9 @@ process's figure and two processes' figures come from the same harness:
 
 Every configuration moves the same total (`--messages`, split evenly over
 all its sockets). The stand-in Twitch (bench/standin_server.py, a process of
-its own) prepares each session's frames as wire bytes, then blasts every
-session at once, a thread per session. The clock runs from the blast command
+its own) prepares each session's frames as wire bytes, of `--shape` (as in
+bench_wire.py: "short" or "full"-size frames), then blasts every session at
+once, a thread per session. The clock runs from the blast command
 until the last replica's flusher has committed its last message
 (`chat_messages_flushed_total` in each replica, read there; the two share
 CLOCK_MONOTONIC); then every account's row count and the distinct message ids
@@ -27,9 +28,11 @@ are checked (every message stored once). Reported per configuration:
 aggregate messages/s (the machine-wide figure for two replicas), each
 replica's own (its messages / its time to its last commit), the CPU the
 replica processes spent per message (user + system, all their threads, from
-the blast to their last commit) and the stand-in's send rate.
+the blast to their last commit), the stand-in's send rate and the frames'
+mean payload bytes. `--replica-sockets ""` runs no replicas.
 
-Prints a table and writes bench/results/bench_wire_sockets.json. Not a test.
+Prints a table and writes bench/results/bench_wire_sockets.json
+(bench_wire_sockets_full.json for the full shape). Not a test.
 """
 
 from __future__ import annotations
@@ -49,18 +52,21 @@ from typing import Any
 from _child import JsonLinesChild  # noqa: E402
 from _paths import write_result  # noqa: E402 - first: it sets up sys.path
 from bench_chat import truncate  # noqa: E402
-from bench_wire import Pipeline, broadcaster, servers, write_config  # noqa: E402
-from standin_server import StandinProcess  # noqa: E402
+from bench_wire import (  # noqa: E402
+    Pipeline,
+    broadcaster,
+    prepare_chat,
+    process_cpu_secs,
+    result_name,
+    servers,
+    write_config,
+)
+from standin_server import SHAPES, StandinProcess, reply  # noqa: E402
 
 from lumio_ingestd.config import load  # noqa: E402
 from lumio_ingestd.devkit.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
 
 FLUSH_TIMEOUT_SECS = 600.0
-
-
-def _reply(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 def _cpu() -> dict[str, float]:
@@ -70,8 +76,7 @@ def _cpu() -> dict[str, float]:
     kernel's names are all "python" before 3.14, so the Python names decide):
     "sources" (every source-* thread), "flusher" (chat-flush, chat-flush-N), "other".
     """
-    times = os.times()
-    out = {"process": times.user + times.system, "sources": 0.0, "flusher": 0.0, "other": 0.0}
+    out = {"process": process_cpu_secs(), "sources": 0.0, "flusher": 0.0, "other": 0.0}
     tick = os.sysconf("SC_CLK_TCK")
     for thread in threading.enumerate():
         try:
@@ -104,12 +109,12 @@ def replica_main(config: str) -> int:
     base = 0.0
     cpu_base = _cpu()
     try:
-        _reply({"broadcasters": pipeline.broadcasters})
+        reply({"broadcasters": pipeline.broadcasters})
         for line in sys.stdin:
             cmd = json.loads(line)
             if cmd["cmd"] == "arm":
                 base, cpu_base = pipeline.flushed(), _cpu()
-                _reply({"ok": True})
+                reply({"ok": True})
             elif cmd["cmd"] == "await":
                 def committed(target: float = base + int(cmd["n"])) -> bool:
                     return pipeline.flushed() >= target
@@ -118,7 +123,7 @@ def replica_main(config: str) -> int:
                 ok = wait_until(committed, FLUSH_TIMEOUT_SECS, interval=0.002)
                 done_at = time.monotonic()
                 cpu = _cpu()
-                _reply({"ok": ok, "done_at": done_at,
+                reply({"ok": ok, "done_at": done_at,
                         "cpu_secs": {k: cpu[k] - cpu_base[k] for k in cpu}})
             elif cmd["cmd"] == "quit":
                 break
@@ -154,8 +159,8 @@ def check_per_account(pg: PostgresServer, expected: dict[int, int]) -> None:
 
 
 def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int, sockets: int,
-               messages: int, runs: int) -> dict[str, Any]:
-    """`replicas` processes of `sockets` sources each; `messages` in all per run."""
+               messages: int, runs: int, shape: str) -> dict[str, Any]:
+    """`replicas` processes of `sockets` sources each; `messages` in all per run, of `shape`."""
     accounts = replicas * sockets
     per_account = messages // accounts
     total = per_account * accounts
@@ -175,10 +180,8 @@ def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int
             raise SystemExit(f"fewer than {accounts} sources subscribed to the stand-in")
         for r in range(runs):
             truncate(pg)
-            prepared = standin.call("prepare_chat", n=per_account,
-                                    broadcasters=[broadcaster(a) for a in range(1, accounts + 1)])
-            if not prepared["ok"]:
-                raise SystemExit(f"the stand-in has no session for {prepared['missing']}")
+            bytes_per_frame = prepare_chat(standin, per_account,
+                                           [broadcaster(a) for a in range(1, accounts + 1)], shape)
             for p in procs:
                 p.send("arm")
             for p in procs:
@@ -198,12 +201,13 @@ def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int
                 "per_replica": [n * per_account / e for n, e in zip(owned, elapsed, strict=True)],
                 "standin_send": sent["sent"] / sent["seconds"],
                 "seconds": max(elapsed),
+                "bytes_per_frame": bytes_per_frame,
                 "cpu_us_per_message": sum(d["cpu_secs"]["process"] for d in done) / total * 1e6,
                 "cpu_us_per_message_by_role": {
                     role: sum(d["cpu_secs"][role] for d in done) / total * 1e6
                     for role in ("sources", "flusher", "other")},
             })
-            print(f"  (a) {replicas} process(es) x {sockets} socket(s), run {r + 1}/{runs}: "
+            print(f"  (a) {shape} frames, {replicas} process(es) x {sockets} socket(s), run {r + 1}/{runs}: "
                   f"{per_run[-1]['aggregate']:,.0f} msg/s", file=sys.stderr, flush=True)
     finally:
         for p in procs:
@@ -215,25 +219,33 @@ def run_config(tmp: Path, pg: PostgresServer, rds: RedisServer, *, replicas: int
             "aggregate": statistics.median(x["aggregate"] for x in per_run),
             "per_replica": median_run["per_replica"],
             "standin_send": statistics.median(x["standin_send"] for x in per_run),
+            "bytes_per_frame": statistics.median(x["bytes_per_frame"] for x in per_run),
             "cpu_us_per_message": statistics.median(x["cpu_us_per_message"] for x in per_run),
             "cpu_us_per_message_by_role": median_run["cpu_us_per_message_by_role"]}
 
 
 def run(messages: int = 50_000, runs: int = 3, sockets: tuple[int, ...] = (1, 4, 16),
-        replica_sockets: tuple[int, ...] = (1, 8)) -> dict[str, Any]:
-    """Every configuration, `runs` times each; medians of the aggregate."""
+        replica_sockets: tuple[int, ...] = (1, 8), shape: str = "short") -> dict[str, Any]:
+    """Every configuration, `runs` times each, on `shape`'s frames; medians of the aggregate.
+
+    `sockets` or `replica_sockets` may be empty: those configurations are not run.
+    """
     configs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-wire-sockets-") as tmpdir, \
             servers(Path(tmpdir)) as (pg, rds):
         tmp = Path(tmpdir)
-        for n in sockets:
-            configs.append(run_config(tmp, pg, rds, replicas=1, sockets=n, messages=messages, runs=runs))
-        for n in replica_sockets:
-            configs.append(run_config(tmp, pg, rds, replicas=2, sockets=n, messages=messages, runs=runs))
+        for replicas, counts in ((1, sockets), (2, replica_sockets)):
+            for n in counts:
+                configs.append(run_config(tmp, pg, rds, replicas=replicas, sockets=n, messages=messages,
+                                          runs=runs, shape=shape))
     one = next((c for c in configs if c["replicas"] == 1 and c["sockets_per_replica"] == 1), None)
     most = max((c for c in configs if c["replicas"] == 1), key=lambda c: c["sockets_per_replica"],
                default=None)
-    return {"messages_per_run": messages, "runs": runs, "configs": configs,
+    # Every configuration sends the same total, so the mean of theirs is the mean frame.
+    return {"shape": shape, "messages_per_run": messages, "runs": runs,
+            "bytes_per_frame": (statistics.fmean(c["bytes_per_frame"] for c in configs)
+                                if configs else None),
+            "configs": configs,
             "ratio_most_sockets_to_one": (most["aggregate"] / one["aggregate"]
                                           if one is not None and most is not None else None)}
 
@@ -255,13 +267,16 @@ def main() -> int:
     parser.add_argument("--sockets", type=_ints, default=(1, 4, 16), help="one process: comma-separated")
     parser.add_argument("--replica-sockets", type=_ints, default=(1, 8),
                         help="two replicas: sockets per replica, comma-separated")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="short",
+                        help="the chat frames (bench/standin_server.py, SHAPES)")
     parser.add_argument("--replica", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.replica:
         return replica_main(args.replica)
-    result = run(args.messages, args.runs, args.sockets, args.replica_sockets)
-    title = f"chat end to end, {args.messages:,} messages (median of {args.runs})"
-    print(f"{title:<56}{'msg/s':>10}  {'per replica':>16}  {'CPU us/msg (src/flush)':>22}  "
+    result = run(args.messages, args.runs, args.sockets, args.replica_sockets, args.shape)
+    size = f" (~{result['bytes_per_frame']:,.0f} B)" if result["bytes_per_frame"] is not None else ""
+    print(f"chat end to end, {args.messages:,} {args.shape} frames{size}, median of {args.runs}")
+    print(f"{'configuration':<56}{'msg/s':>10}  {'per replica':>16}  {'CPU us/msg (src/flush)':>22}  "
           f"{'stand-in send':>14}")
     for c in result["configs"]:
         each = " / ".join(f"{x:,.0f}" for x in c["per_replica"]) if c["replicas"] > 1 else ""
@@ -271,7 +286,7 @@ def main() -> int:
               f"{c['standin_send']:>14,.0f}")
     if result["ratio_most_sockets_to_one"] is not None:
         print(f"{'most sockets / one socket, one process':<56}{result['ratio_most_sockets_to_one']:>10.2f}")
-    write_result("bench_wire_sockets", result)
+    write_result(result_name("bench_wire_sockets", args.shape), result)
     return 0
 
 

@@ -11,15 +11,26 @@ with one JSON object per line:
                    "access_token", "refresh_token"}
     <- {"cmd": "wait_sessions", "n": N, "timeout": T}   -> {"ok", "sessions"}: N sessions with
                                                              at least one subscription each
-    <- {"cmd": "prepare_chat", "n": N, "broadcasters": [B, ...], "path": P}
-                                                        -> {"ok", "missing"}: for each broadcaster,
-                                                           N channel.chat.message frames for its
-                                                           session, encoded as wire bytes; all
-                                                           written to P (one per line; optional)
-                                                           for the raw limits. "broadcaster": B
-                                                           is one broadcaster. "missing": the
-                                                           broadcasters with no session (then
-                                                           nothing is prepared and "ok" is false)
+    <- {"cmd": "prepare_chat", "n": N, "broadcasters": [B, ...], "path": P, "shape": S}
+                                                        -> {"ok", "missing", "bytes_per_frame"}: for
+                                                           each broadcaster, N channel.chat.message
+                                                           frames for its session, encoded as wire
+                                                           bytes; all written to P (one per line;
+                                                           optional) for the raw limits.
+                                                           "broadcaster": B is one broadcaster.
+                                                           "shape" (`SHAPES`): "short" (default) is
+                                                           `twitch_events.chat_event` (one text
+                                                           fragment, one badge, no reply) in
+                                                           json.dumps's default spacing; "full" is
+                                                           `twitch_events.full_chat_event` (emote and
+                                                           mention fragments, three badges, a
+                                                           reply) in compact JSON, as Twitch sends
+                                                           it. "bytes_per_frame": the frames' mean
+                                                           payload, before WebSocket framing.
+                                                           "missing": the broadcasters with no
+                                                           session (then nothing is prepared and
+                                                           "ok" is false; an unknown shape, too,
+                                                           with "error")
     <- {"cmd": "blast"}                                 -> {"sent", "seconds", "sessions"}: every
                                                            prepared session's frames sent at once,
                                                            one thread per session (`sendall`
@@ -39,6 +50,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +62,7 @@ from lumio_ingestd.devkit.standins import twitch_events as te  # noqa: E402
 from lumio_ingestd.devkit.standins.twitch import StandinSession, TwitchStandin  # noqa: E402
 
 
-def _reply(obj: dict[str, Any]) -> None:
+def reply(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
@@ -71,10 +83,46 @@ class Prepared:
     frames: list[bytes]
 
 
-def chat_frames(standin: TwitchStandin, session: StandinSession, broadcaster: str, n: int) -> list[str]:
-    return [json.dumps(standin.notification(session, "channel.chat.message", te.chat_event(
-        str(uuid.uuid4()), f"PogChamp that was a great play, message {i} KEKW",
-        str(100_000 + i % 5000), broadcaster=broadcaster))) for i in range(n)]
+def _chatter(i: int) -> str:
+    """Message `i`'s chatter: 5,000 of them take turns."""
+    return str(100_000 + i % 5000)
+
+
+def _short_event(i: int, broadcaster: str) -> dict[str, Any]:
+    return te.chat_event(str(uuid.uuid4()), f"PogChamp that was a great play, message {i} KEKW",
+                         _chatter(i), broadcaster=broadcaster)
+
+
+def _full_event(i: int, broadcaster: str) -> dict[str, Any]:
+    return te.full_chat_event(str(uuid.uuid4()), i, _chatter(i), broadcaster=broadcaster)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a prepared chat frame holds (`event`: message i to a broadcaster) and how it is written."""
+
+    event: Callable[[int, str], dict[str, Any]]
+    separators: tuple[str, str] | None  # json.dumps's; None: its default, ", " and ": "
+
+
+#: prepare_chat's "shape". "short" keeps the spaced frames the benchmarks have always
+#: sent, so earlier figures stay comparable; "full" is a busy channel's message, compact
+#: as Twitch writes it.
+SHAPES: dict[str, Shape] = {"short": Shape(_short_event, None),
+                            "full": Shape(_full_event, (",", ":"))}
+
+
+def chat_frames(standin: TwitchStandin, session: StandinSession, broadcaster: str, n: int,
+                shape: str = "short") -> list[str]:
+    """`n` channel.chat.message notifications to `broadcaster` on `session`, as text frames."""
+    how = SHAPES[shape]
+    return [json.dumps(standin.notification(session, "channel.chat.message", how.event(i, broadcaster)),
+                       separators=how.separators) for i in range(n)]
+
+
+def mean_payload_bytes(frames: list[str]) -> float:
+    """The frames' mean size in bytes as sent, before WebSocket framing (0 for none)."""
+    return sum(len(f.encode()) for f in frames) / len(frames) if frames else 0.0
 
 
 def blast(standin: TwitchStandin, prepared: list[Prepared]) -> dict[str, Any]:
@@ -102,19 +150,26 @@ def blast(standin: TwitchStandin, prepared: list[Prepared]) -> dict[str, Any]:
                          for p, (sent, secs) in zip(prepared, results, strict=True)]}
 
 
+def serve_standin(subscribe_window_secs: float) -> TwitchStandin:
+    """The child side's start: a started stand-in Twitch whose addresses and secrets are the
+    first line the parent reads (`StandinProcess.info`). The caller closes it."""
+    raise_fd_limit()
+    standin = TwitchStandin(subscribe_window_secs=subscribe_window_secs)
+    standin.record_sent = False
+    standin.start()
+    reply({"ws_url": standin.ws_url, "helix_url": standin.helix_url, "oauth_url": standin.oauth_url,
+           "client_id": standin.client_id, "client_secret": standin.client_secret,
+           "access_token": standin.access_token, "refresh_token": standin.refresh_token})
+    return standin
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subscribe-window", type=float, default=10.0)
     args = parser.parse_args()
-    raise_fd_limit()
-    standin = TwitchStandin(subscribe_window_secs=args.subscribe_window)
-    standin.record_sent = False
-    standin.start()
+    standin = serve_standin(args.subscribe_window)
     prepared: list[Prepared] = []
     try:
-        _reply({"ws_url": standin.ws_url, "helix_url": standin.helix_url, "oauth_url": standin.oauth_url,
-                "client_id": standin.client_id, "client_secret": standin.client_secret,
-                "access_token": standin.access_token, "refresh_token": standin.refresh_token})
         for line in sys.stdin:
             cmd = json.loads(line)
             if cmd["cmd"] == "wait_sessions":
@@ -122,28 +177,33 @@ def main() -> int:
                     return sum(1 for s in standin.sessions if s.open and s.subscriptions) >= n
 
                 ok = standin.wait_for(subscribed, float(cmd.get("timeout", 60)))
-                _reply({"ok": ok, "sessions": sum(1 for s in standin.sessions if s.open)})
+                reply({"ok": ok, "sessions": sum(1 for s in standin.sessions if s.open)})
             elif cmd["cmd"] == "prepare_chat":
+                shape = str(cmd.get("shape", "short"))
+                if shape not in SHAPES:
+                    prepared = []
+                    reply({"ok": False, "missing": [], "error": f"unknown shape {shape!r}"})
+                    continue
                 broadcasters = [str(b) for b in cmd.get("broadcasters") or [cmd["broadcaster"]]]
                 sessions = {b: standin.active_session("channel.chat.message", b) for b in broadcasters}
                 missing = [b for b, session in sessions.items() if session is None]
                 if missing:
                     prepared = []
-                    _reply({"ok": False, "missing": missing})
+                    reply({"ok": False, "missing": missing})
                     continue
                 texts: list[str] = []
                 prepared = []
                 for b in broadcasters:
                     session = sessions[b]
                     assert session is not None
-                    frames = chat_frames(standin, session, b, int(cmd["n"]))
+                    frames = chat_frames(standin, session, b, int(cmd["n"]), shape)
                     texts += frames
                     prepared.append(Prepared(b, session, standin.encode_bulk(frames)))
                 if cmd.get("path"):
                     Path(cmd["path"]).write_text("\n".join(texts) + "\n")
-                _reply({"ok": True, "missing": []})
+                reply({"ok": True, "missing": [], "bytes_per_frame": mean_payload_bytes(texts)})
             elif cmd["cmd"] == "blast":
-                _reply(blast(standin, prepared))
+                reply(blast(standin, prepared))
             elif cmd["cmd"] == "quit":
                 break
     finally:

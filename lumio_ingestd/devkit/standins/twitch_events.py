@@ -47,6 +47,46 @@ def chat_event(message_id: str, text: str = "hi Kappa", chatter: str = "4145994"
     }
 
 
+def full_chat_event(message_id: str, n: int, chatter: str = "4145994", *,
+                    broadcaster: str = BROADCASTER, broadcaster_login: str = BROADCASTER_LOGIN
+                    ) -> dict[str, Any]:
+    """A chat message as busy channels send them: ~2.2 KB as a compact notification.
+
+    What `chat_event` leaves out and real chat carries: text around an emote
+    and a mention fragment, three badges, and a reply to an earlier message
+    (the parent's and the thread's ids, users and text); the cheer and
+    channel-points fields stay null as in most messages. `n` varies the text
+    and the users, so no two messages of a run are the same.
+    """
+    mention_id = str(200_000 + n % 7919)
+    mention_login = f"friend{mention_id}"
+    parent_id = f"3b2a0b6c-0c5e-4f8e-9a41-{n % 10**12:012d}"
+    head, middle, tail = f"round {n} clutch ", " clip it ", " PogChamp"
+    text = f"{head}Kappa{middle}@{mention_login}{tail}"
+    fragments = [
+        {"type": "text", "text": head, "cheermote": None, "emote": None, "mention": None},
+        {"type": "emote", "text": "Kappa", "cheermote": None, "mention": None,
+         "emote": {"id": "25", "emote_set_id": "0", "owner_id": "0", "format": ["static"]}},
+        {"type": "text", "text": middle, "cheermote": None, "emote": None, "mention": None},
+        {"type": "mention", "text": f"@{mention_login}", "cheermote": None, "emote": None,
+         "mention": {"user_id": mention_id, "user_login": mention_login,
+                     "user_name": mention_login.capitalize()}},
+        {"type": "text", "text": tail, "cheermote": None, "emote": None, "mention": None},
+    ]
+    return {
+        **chat_event(message_id, text, chatter, broadcaster=broadcaster,
+                     broadcaster_login=broadcaster_login),
+        "message": {"text": text, "fragments": fragments},
+        "color": "#1E90FF",
+        "badges": [{"set_id": "moderator", "id": "1", "info": ""},
+                   {"set_id": "subscriber", "id": "12", "info": "16"},
+                   {"set_id": "sub-gifter", "id": "5", "info": ""}],
+        "reply": {"parent_message_id": parent_id, "parent_message_body": "gg",
+                  **_user("parent_user", mention_id, mention_login), "thread_message_id": parent_id,
+                  **_user("thread_user", mention_id, mention_login)},
+    }
+
+
 def cheer_event(user: str = "1234", bits: int = 100, *, broadcaster: str = BROADCASTER,
                 broadcaster_login: str = BROADCASTER_LOGIN) -> dict[str, Any]:
     return {"is_anonymous": False, **_user("user", user, f"user{user}"),
