@@ -162,7 +162,7 @@ class ChatFlusher(IntervalWorker):
                  pass_budget_secs: float = 10.0, failpoint: Failpoint = no_failpoint,
                  claim_token: str = PROCESS_TOKEN, name: str = "chat-flush",
                  owns: Callable[[int], bool] | None = None, lane: int = 0,
-                 lanes: _Lanes | None = None) -> None:
+                 lanes: _Lanes | None = None, step_aside: Callable[[], None] | None = None) -> None:
         super().__init__(name, metrics, cfg.chat.flush_interval_secs, role="chat-flush")
         self.instance = instance or cfg.daemon.instance_id
         self.lane = lane
@@ -186,6 +186,8 @@ class ChatFlusher(IntervalWorker):
         self._backlog = False
         # `shard = auto`: the membership's rendezvous decides (cluster/membership.py).
         self._owns = owns
+        #: Between rows and before each claim: waits while an event is on its way (eventgate.py).
+        self._step_aside = step_aside
 
     # -- the worker --------------------------------------------------------------
 
@@ -256,6 +258,8 @@ class ChatFlusher(IntervalWorker):
                     self._backlog = not final and not self.stopping
                     return
                 self._heartbeat.beat()
+                if self._step_aside is not None:
+                    self._step_aside()
                 claims = self._claim(pending[first:first + CLAIMS_PER_TRIP])
                 if db_failed:
                     for claimed, _ in claims:
@@ -324,7 +328,7 @@ class ChatFlusher(IntervalWorker):
         try:
             store_batches(self._lists, self._pool, self.metrics, [c for c, _ in group],
                           deadline=deadline, finished=finished, failpoint=self._failpoint,
-                          step="chat.flush")
+                          step="chat.flush", step_aside=self._step_aside)
         except BatchDeferred as deferred:
             record_db_failure(self.metrics, self._db, deferred.cause, deferred.verdict)
             for claimed, _ in group:

@@ -313,8 +313,11 @@ class ChatQueue:
     """
 
     def __init__(self, ingest: ChatIngest, metrics: Metrics, *, max_batch: int = 200,
-                 max_delay_secs: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_delay_secs: float = 0.1, clock: Callable[[], float] = time.monotonic,
+                 step_aside: Callable[[], None] | None = None) -> None:
         self.max_batch = max(1, max_batch)
+        #: Called before each message joins: waits while an event is on its way (eventgate.py).
+        self._step_aside = step_aside
         self.max_delay_secs = max_delay_secs
         self._ingest = ingest
         self._clock = clock
@@ -337,6 +340,8 @@ class ChatQueue:
         return self._oldest + self.max_delay_secs if self._items else None
 
     def add(self, msg: ChatMessage, now: float | None = None) -> None:
+        if self._step_aside is not None:
+            self._step_aside()
         now = self._clock() if now is None else now
         items = self._items
         if not items:

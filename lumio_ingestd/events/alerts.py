@@ -5,7 +5,9 @@ Ingest paths (platform sockets, webhooks, the emit API) call
 replays of parked events are not published again (their alert went out when
 they were parked), nor are redeliveries the database found already stored.
 
-Publishing never blocks ingest:
+Publishing never blocks ingest, and under a chat flood it goes first (an
+alert holds the process's `EventGate` from the put until its PUBLISH was
+answered, so the chat threads step aside meanwhile: eventgate.py):
 
 - Redis: `publish()` puts the alert on a bounded queue (a full queue drops
   the alert and counts it); the publisher's own thread sends
@@ -37,10 +39,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import redis
 
 from lumio_ingestd.config import Secret
+from lumio_ingestd.eventgate import EventGate
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import PlatformEvent
 from lumio_ingestd.stores.redisclient import REDIS_ERRORS
@@ -86,31 +90,44 @@ class AlertPublisher(Worker):
     max_turn_secs = 30.0
 
     def __init__(self, client: redis.Redis | None, metrics: Metrics, *, queue_max: int = 10_000,
-                 client_queue_max: int = 256, batch: int = 200, name: str = "alerts") -> None:
+                 client_queue_max: int = 256, batch: int = 200, name: str = "alerts",
+                 gate: EventGate | None = None) -> None:
         super().__init__(name, metrics)
         self._redis = client
+        #: Held from an event's persistence until its PUBLISH was answered (eventgate.py).
+        self.gate = gate if gate is not None else EventGate()
         self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(maxsize=queue_max)
         self._client_queue_max = client_queue_max
         self._batch = batch
         self._clients: dict[int, set[AlertClient]] = {}
         self._finished = False
+        self._finish_lock = threading.Lock()
         self._lock = threading.Lock()
         self._redis_down = False
 
     # -- the ingest side: never blocks ---------------------------------------------
 
+    def on_the_way(self) -> AbstractContextManager[None]:
+        return self.gate.held()
+
     def publish(self, ev: PlatformEvent) -> None:
         data = json.dumps(ev.to_json(), ensure_ascii=False, separators=(",", ":")).encode()
         if self._redis is not None:
-            if self._finished:
-                # The publisher's thread has sent its last batch (a source handing
-                # over a held gift at stop can come later): counted, not silent.
-                self.metrics.events_alerts_dropped.labels("shutdown").inc()
-            else:
-                try:
-                    self._queue.put_nowait((ev.account_id, data))
-                except queue.Full:
-                    self.metrics.events_alerts_dropped.labels("queue_full").inc()
+            # With `final()`'s flag under one lock: an alert put after its last drain would
+            # never be sent, and its hold on the gate never released.
+            with self._finish_lock:
+                if self._finished:
+                    # The publisher's thread has sent its last batch (a source handing
+                    # over a held gift at stop can come later): counted, not silent.
+                    self.metrics.events_alerts_dropped.labels("shutdown").inc()
+                else:
+                    # Held until the publisher's thread sent it: the gate's hand-over to that thread.
+                    self.gate.hold()
+                    try:
+                        self._queue.put_nowait((ev.account_id, data))
+                    except queue.Full:
+                        self.gate.release()
+                        self.metrics.events_alerts_dropped.labels("queue_full").inc()
         with self._lock:
             clients = list(self._clients.get(ev.account_id, ()))
         if not clients:
@@ -165,7 +182,10 @@ class AlertPublisher(Worker):
                 break
             if item is not None:
                 batch.append(item)
-        self._send(batch)
+        try:
+            self._send(batch)
+        finally:
+            self.gate.release(len(batch))
         return 0.0
 
     def _send(self, batch: list[tuple[int, bytes]]) -> None:
@@ -196,7 +216,8 @@ class AlertPublisher(Worker):
 
     def final(self) -> None:
         """Send what is queued (one bounded try), drop the rest; end the open streams."""
-        self._finished = True
+        with self._finish_lock:
+            self._finished = True
         left: list[tuple[int, bytes]] = []
         while True:
             try:
@@ -205,10 +226,13 @@ class AlertPublisher(Worker):
                 break
             if item is not None:
                 left.append(item)
-        if left and not self._redis_down:
-            self._send(left)
-        elif left:
-            self.metrics.events_alerts_dropped.labels("shutdown").inc(len(left))
+        try:
+            if left and not self._redis_down:
+                self._send(left)
+            elif left:
+                self.metrics.events_alerts_dropped.labels("shutdown").inc(len(left))
+        finally:
+            self.gate.release(len(left))
         with self._lock:
             clients = [c for cs in self._clients.values() for c in cs]
         for client in clients:

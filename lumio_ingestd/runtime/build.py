@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from lumio_ingestd import exitcodes
 from lumio_ingestd.config import Config
+from lumio_ingestd.eventgate import EventGate
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.runtime.health import ReadinessProbe
 from lumio_ingestd.runtime.reconcile import AccountParts, AccountWorkers
@@ -186,7 +187,9 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         spool_handlers[kind](kind, entries)
 
     # Live alerts: Redis PUBLISH on its own thread, SSE clients on the HTTP port.
-    alerts = AlertPublisher(client, metrics)
+    # Under a chat flood an event goes first: chat steps aside while it is on its way.
+    gate = EventGate()
+    alerts = AlertPublisher(client, metrics, gate=gate)
     seen = {platform: SeenDeliveries(client, platform) for platform in ("twitch", "kick")}
     # The gaps ledger: every source's paths say when they are up; gaps heal on their own threads.
     heal_queue = HealQueue()
@@ -198,7 +201,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
                     for n in range(1, HEAL_THREADS + 1)]
     deps = SourceDeps(
         metrics=metrics,
-        chat_queue=lambda name: ChatQueue(chat, metrics),
+        chat_queue=lambda name: ChatQueue(chat, metrics, step_aside=gate.step_aside),
         persist_chat=chat.buffer_or_persist,
         persist_event=events.persist_event,
         alerts=alerts,
@@ -254,7 +257,8 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.routes.add("GET", STREAM_PATH, stream_handler(alerts, cfg.http.emit_token, metrics))
     parts.flushers = list(flush_threads(
         client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
-        owns=parts.membership.flushes if parts.membership is not None else None))
+        owns=parts.membership.flushes if parts.membership is not None else None,
+        step_aside=gate.step_aside))
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
         EventRetryWorker(client, pool, metrics, cfg, records=records),

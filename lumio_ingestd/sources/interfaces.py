@@ -15,6 +15,7 @@ implementation returns.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -61,6 +62,10 @@ class Alerts(Protocol):
     """The live alert publisher (events/alerts.py): fire and forget, never blocks the caller."""
 
     def publish(self, ev: PlatformEvent) -> None: ...
+
+    def on_the_way(self) -> AbstractContextManager[None]:
+        """Around an event's persistence and publish: chat steps aside meanwhile (eventgate.py)."""
+        ...
 
 
 class SessionStore(Protocol):

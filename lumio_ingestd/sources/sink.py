@@ -6,7 +6,10 @@ of them store and announce an event the same way:
 - `persist(ev, stream)` calls `persist_event` (inline insert, else park, else
   spool, else counted lost) and publishes the live alert when the event was
   taken now (stored, parked or spooled; not a redelivery the database
-  already had); a `StreamChange` then opens or closes `stream_sessions`.
+  already had), so an alert never goes out before its event's outcome and a
+  refused event raises none; the chat threads step aside meanwhile
+  (`Alerts.on_the_way`, eventgate.py). A `StreamChange` then opens or closes
+  `stream_sessions`.
 - An offline change is keyed by the stream it ends before it is persisted:
   `external_id` = `offline_external_id(stream id)`, the stream from the
   change itself or else `SessionStore.stream_before` (stores/sessions.py). The
@@ -39,10 +42,16 @@ class EventSink:
     def persist(self, ev: PlatformEvent, stream: StreamChange | None = None) -> PersistResult:
         if stream is not None and stream.kind == "offline" and self.sessions is not None:
             ev, stream = self._key_offline(ev, stream)
-        result = self._persist_event(ev)
+        if self._alerts is None:
+            result = self._persist_event(ev)
+        else:
+            # The chat threads step aside until the alert is queued (eventgate.py): under a chat
+            # flood this event would otherwise wait for the interpreter lock at every hand-over.
+            with self._alerts.on_the_way():
+                result = self._persist_event(ev)
+                if result.outcome in TAKEN:
+                    self._alerts.publish(result.event)
         if result.outcome in TAKEN:
-            if self._alerts is not None:
-                self._alerts.publish(result.event)
             self.taken(result)
         if stream is not None and self.sessions is not None:
             self.sessions.apply(ev.account_id, stream)

@@ -4,7 +4,6 @@ ingest."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from lumio_ingestd.config import Secret
 from lumio_ingestd.events.alerts import STREAM_PATH, alerts_channel, stream_handler
 from lumio_ingestd.model import PlatformEvent
 from lumio_ingestd.web.server import Routes
 from support import dbname_of
 from support import twitch_frames as tf
+from support.alerts import Reader, open_stream, stream_routes
 from support.harness.servers import PostgresServer, wait_until
 from support.http_client import call, serving
 from support.twitch import EMIT_TOKEN, TwitchRig, make_rig
@@ -32,13 +31,6 @@ def rig(tmp_path: Path, pg_server: PostgresServer, pg_dsn: str, redis_url: str) 
         r.close()
 
 
-def stream_routes(rig: TwitchRig, token: Secret | None, heartbeat_secs: float = 15.0) -> Routes:
-    routes = Routes()
-    routes.add("GET", STREAM_PATH,
-               stream_handler(rig.alerts, token, rig.metrics, heartbeat_secs=heartbeat_secs))
-    return routes
-
-
 def event(account: int = 42, n: int = 0, payload_bytes: int = 0) -> PlatformEvent:
     payload = dict(tf.cheer_event(str(n)))
     if payload_bytes:
@@ -46,53 +38,6 @@ def event(account: int = 42, n: int = 0, payload_bytes: int = 0) -> PlatformEven
     return PlatformEvent.new(account_id=account, platform="twitch", type="channel.cheer",
                              payload=payload, external_id=f"alert-{account}-{n}-{time.monotonic_ns()}",
                              user_id=str(n))
-
-
-def open_stream(port: int, account: int = 42, token: str = EMIT_TOKEN,
-                rcvbuf: int | None = None) -> socket.socket:
-    sock = socket.socket()
-    if rcvbuf is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.settimeout(10)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(f"GET /v1/accounts/{account}/alerts/stream HTTP/1.0\r\n"
-                 f"Authorization: Bearer {token}\r\n\r\n".encode())
-    return sock
-
-
-class Reader:
-    """Reads an SSE response on its own thread and splits it into messages."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.data = b""
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            while chunk := self.sock.recv(65536):
-                self.data += chunk
-        except OSError:
-            pass
-
-    def messages(self) -> list[dict[str, str]]:
-        body = self.data.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in self.data else b""
-        out = []
-        for block in body.decode().split("\n\n"):
-            fields = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line and
-                          not line.startswith(":"))
-            if "data" in fields:
-                out.append(fields)
-        return out
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.thread.join(10)
-        self.sock.close()
 
 
 def test_every_taken_event_is_published_on_redis(rig: TwitchRig) -> None:
