@@ -156,9 +156,11 @@ class ChatIngest:
     # -- the tiers ---------------------------------------------------------------
 
     def _buffer(self, pending: _Pending, counts: Counter[str]) -> _Pending:
-        with self._lock:
-            if not self._redis.should_try():
-                return pending
+        # Read without the lock: every source thread passes here at each hand-over, and a
+        # stale answer costs at most one try too many or too few. Taking the lock here (and
+        # for `ok()` below, healthy or not) made 16 source threads queue on it (measured).
+        if not self._redis.should_try():
+            return pending
         try:
             left = self._push(pending)
         except REDIS_ERRORS as exc:
@@ -205,11 +207,12 @@ class ChatIngest:
                     left.extend(by_account[keys[key]])
         if len(left) == len(pending) and refusal is not None and len(groups) > 1:
             raise refusal
-        with self._lock:
-            if refusal is not None:
-                self._redis.failed(describe_redis_error(refusal))
-            else:
-                self._redis.ok()
+        if refusal is not None or self._redis.down:
+            with self._lock:
+                if refusal is not None:
+                    self._redis.failed(describe_redis_error(refusal))
+                else:
+                    self._redis.ok()
         return left
 
     def _direct(self, pending: _Pending, counts: Counter[str]) -> _Pending:
