@@ -44,7 +44,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lumio_ingestd.metrics import Metrics
@@ -104,11 +104,14 @@ class HealQueue:
             self._busy.discard(id(job.gap.key.healer))
             self._cond.notify_all()
 
-    def take(self, timeout: float) -> HealJob | None:
-        """The job due first whose healer is free, once it is due (waits at most `timeout`)."""
+    def take(self, timeout: float, stopping: Callable[[], bool] = lambda: False) -> HealJob | None:
+        """The job due first whose healer is free, once it is due (waits at most `timeout`;
+        None at once when `stopping()` says so after a `wake()`)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
+                if stopping():
+                    return None
                 now = time.monotonic()
                 due = [j for j in self._jobs if j.due <= now and id(j.gap.key.healer) not in self._busy]
                 if due:
@@ -307,7 +310,7 @@ class HealWorker(Worker):
             cancel()  # a history request in flight must not hold up the stop
 
     def run_once(self) -> float:
-        job = self._queue.take(self._poll)
+        job = self._queue.take(self._poll, lambda: self.stopping)
         if job is None or self.stopping:
             if job is not None:
                 self._queue.put(job)  # left open: the next start resumes it

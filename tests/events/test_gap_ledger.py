@@ -19,6 +19,7 @@ import redis
 
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.db.pool import Pool
+from lumio_ingestd.events.gaps import HealQueue, HealWorker
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import GapKey
 from lumio_ingestd.stores import rediskeys
@@ -173,3 +174,20 @@ def test_a_gap_found_while_the_database_is_down_is_written_once_it_is_back(
         rig.stop()
         pool.close()
         client.close()
+
+
+def test_a_heal_thread_waiting_for_a_job_stops_at_once(parts: tuple[Pool, redis.Redis, str]) -> None:
+    # It waits in HealQueue.take for up to its poll; the stop's wake must end that wait (it
+    # made every daemon's SIGTERM take the poll's full second), for every heal thread.
+    pool, _, _ = parts
+    queue = HealQueue()
+    workers = [HealWorker(f"gap-heal-{n}", queue, GapTable(pool), Metrics(), heal_max_hours=1.0,
+                          poll_secs=600.0) for n in (1, 2)]
+    for worker in workers:
+        worker.start()
+    assert wait_until(lambda: all(w.alive for w in workers), 10)
+    workers[0].request_stop()
+    assert workers[0].join(10)
+    assert workers[1].alive  # the other thread's wait goes on: only its own stop ends it
+    workers[1].request_stop()
+    assert workers[1].join(10)
