@@ -5,15 +5,21 @@
 Runs, in this process tree (each part starts its own private servers through
 lumio_ingestd.devkit.servers, and the Twitch stand-in in a child process):
 
-(a) chat end to end, WebSocket frames on loopback to committed rows, beside
-    the raw limits measured on the same frames in the same run: JSON parse,
-    parse and extract, Redis pipeline, COPY, and a naive
-    one-INSERT-per-message baseline (bench_wire.py), and the single-thread
-    floor: each step's CPU per message with no thread beside it, and the
-    highest end to end / parse + extract ratio that leaves; then the same total over
-    1, 4 and 16 sockets in one process, and two replicas (`shard = 0/2` and
-    `1/2`, a process each) with the machine-wide figure
-    (bench_wire_sockets.py, every pipeline in a child process);
+(a) chat end to end, WebSocket frames on loopback to committed rows, with
+    the process's CPU per message, beside the raw limits measured on the
+    same frames in the same run: JSON parse, parse and extract, Redis
+    pipeline, COPY, and a naive one-INSERT-per-message baseline
+    (bench_wire.py), and the single-thread floor: each step's CPU per
+    message with no thread beside it, the highest end to end / parse +
+    extract ratio that leaves, and the floor-limited rate (1e6 / floor) set
+    against end to end; then the same total over 1, 4 and 16 sockets in one
+    process, and two replicas (`shard = 0/2` and `1/2`, a process each) with
+    the machine-wide figure (bench_wire_sockets.py, every pipeline in a child
+    process). All of it on the short frames the figures have always used
+    (~1.4 KB: one text fragment, one badge, spaced JSON); then (a') end to
+    end, its CPU, floor and floor-limited rate, and 1 and 16 sockets (no
+    replicas) on full-size frames (~2.2 KB: emote and mention fragments,
+    three badges, a reply, compact JSON as Twitch sends it);
 (b) `persist_event` p50/p99, time to park with the database stopped,
     replay throughput of 100,000 parked events over 1,000 accounts with the
     p99 of a live `persist_event` beside it, idle and during the replay, in
@@ -35,6 +41,11 @@ lumio_ingestd.devkit.servers, and the Twitch stand-in in a child process):
     compressed (where it is installed), the time to compress them, and the
     time of "last 100 messages of one account" and "messages per minute of
     one account over a day" on each (bench_storage.py).
+(h) alert latency: the real daemon with one account's socket flooded with
+    full-size chat as fast as it reads and another receiving 10 cheers a
+    second; from each cheer's frame written to its alert received on Redis
+    and on the SSE stream, p50 / p99 / max, idle and under the flood, in one
+    run (bench_alerts.py).
 
 Progress goes to standard error. `--quick` makes every part small (a smoke
 run, not figures to quote). Not a test: nothing here asserts a speed.
@@ -55,6 +66,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bench_alerts  # noqa: E402
 import bench_chat_drain  # noqa: E402
 import bench_daemon  # noqa: E402
 import bench_kick  # noqa: E402
@@ -66,8 +78,13 @@ from _paths import ROOT  # noqa: E402 - first: it sets up sys.path
 
 from lumio_ingestd.devkit.servers import find_pg_bindir, find_redis_server  # noqa: E402
 
-FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naive": 5_000},
-        "wire_sockets": {"messages": 50_000, "runs": 3, "sockets": (1, 4, 16), "replica_sockets": (1, 8)},
+FULL: dict[str, dict[str, Any]] = {
+        "wire": {"messages": 50_000, "runs": 3, "naive": 5_000, "shape": "short"},
+        "wire_sockets": {"messages": 50_000, "runs": 3, "sockets": (1, 4, 16), "replica_sockets": (1, 8),
+                         "shape": "short"},
+        "wire_full": {"messages": 50_000, "runs": 3, "naive": 5_000, "shape": "full"},
+        "wire_sockets_full": {"messages": 50_000, "runs": 3, "sockets": (1, 16), "replica_sockets": (),
+                              "shape": "full"},
         "events": {"events": 2000, "down": 200, "blackhole": 3, "replay": 100_000,
                    "accounts": 1000},
         "chat_drain": {"messages": 100_000, "accounts": 100},
@@ -75,16 +92,23 @@ FULL: dict[str, dict[str, Any]] = {"wire": {"messages": 50_000, "runs": 3, "naiv
         "sockets": {"sockets": 500, "wave": 50},
         "kick": {"messages": 20_000, "runs": 3},
         "replicas": {"messages": 50_000, "events": 1000, "runs": 3},
-        "storage": {"rows": 1_000_000, "accounts": 1000, "days": 10}}
-QUICK: dict[str, dict[str, Any]] = {"wire": {"messages": 5_000, "runs": 1, "naive": 500},
-         "wire_sockets": {"messages": 5_000, "runs": 1, "sockets": (1, 4, 16), "replica_sockets": (1, 8)},
+        "storage": {"rows": 1_000_000, "accounts": 1000, "days": 10},
+        "alerts": {"idle": 100, "load": 300, "rate": 10.0, "shape": "full"}}
+QUICK: dict[str, dict[str, Any]] = {
+         "wire": {"messages": 5_000, "runs": 1, "naive": 500, "shape": "short"},
+         "wire_sockets": {"messages": 5_000, "runs": 1, "sockets": (1, 4, 16), "replica_sockets": (1, 8),
+                          "shape": "short"},
+         "wire_full": {"messages": 5_000, "runs": 1, "naive": 500, "shape": "full"},
+         "wire_sockets_full": {"messages": 5_000, "runs": 1, "sockets": (1, 16), "replica_sockets": (),
+                               "shape": "full"},
          "events": {"events": 200, "down": 20, "blackhole": 1, "replay": 2000, "accounts": 20},
          "chat_drain": {"messages": 5_000, "accounts": 10},
          "daemon": {"rates": (0.0, 2000.0), "runs": 1, "load_secs": 1.0},
          "sockets": {"sockets": 50, "wave": 50},
          "kick": {"messages": 2_000, "runs": 1},
          "replicas": {"messages": 3_000, "events": 100, "runs": 1},
-         "storage": {"rows": 20_000, "accounts": 100, "days": 10}}
+         "storage": {"rows": 20_000, "accounts": 100, "days": 10},
+         "alerts": {"idle": 20, "load": 30, "rate": 10.0, "shape": "full"}}
 
 
 def _version(cmd: list[str]) -> str:
@@ -137,6 +161,28 @@ def _timed(label: str, fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any]
     return result, took
 
 
+def frame_rows(a: dict[str, Any]) -> list[tuple[str, str]]:
+    """(a) and (a'), each on its shape: the frames' size and the CPU a message took end to end."""
+    return [("    bytes per frame (payload, unframed)", f"{a['bytes_per_frame']:,.0f} B"),
+            ("    process CPU per message, end to end", f"{a['cpu_us_per_message']:.1f} us")]
+
+
+def floor_limit_rows(a: dict[str, Any]) -> list[tuple[str, str]]:
+    """(a) and (a'): what one thread doing only this pipeline's work would reach, and end to end beside it."""
+    return [("    floor-limited rate (1e6 / floor)", f"{a['floor_limited_rate']:,.0f} msg/s"),
+            ("    end to end / floor-limited rate", f"{a['ratio_end_to_end_to_floor_limited']:.2f}")]
+
+
+def full_frames_rows(a: dict[str, Any]) -> list[tuple[str, str]]:
+    """(a'): the same pipeline on full-size frames, right after (a)'s rows."""
+    return [(f"(a') chat, full-size frames (~{a['bytes_per_frame']:,.0f} B)", ""),
+            ("    WebSocket frames -> committed rows", f"{a['median']['end_to_end']:,.0f} msg/s"),
+            *frame_rows(a),
+            ("    the floor (one thread alone, CPU/msg)", f"{a['single_thread_floor_us']['floor']:.1f} us"),
+            *floor_limit_rows(a),
+            *sockets_rows(a["sockets"])]
+
+
 def sockets_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     """(a)'s many-socket rows: one process, then replicas (machine-wide, and each)."""
     rows: list[tuple[str, str]] = []
@@ -184,12 +230,13 @@ def storage_rows(g: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
+def table(a: dict[str, Any], a_full: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
           d: dict[str, Any], e: dict[str, Any], f: dict[str, Any],
-          g: dict[str, Any]) -> list[tuple[str, str]]:
+          g: dict[str, Any], h: dict[str, Any]) -> list[tuple[str, str]]:
     med = a["median"]
     rows = [
-        ("(a) chat: WebSocket frames -> committed rows", f"{med['end_to_end']:,.0f} msg/s"),
+        ("(a) chat, short frames: WebSocket frames -> committed rows", f"{med['end_to_end']:,.0f} msg/s"),
+        *frame_rows(a),
         ("    raw: json.loads of the same frames", f"{med['json_parse']:,.0f} msg/s"),
         ("    parse + extract the row's fields, one thread", f"{med['parse_extract']:,.0f} msg/s"),
         ("    the stand-in's own send rate", f"{med['standin_send']:,.0f} msg/s"),
@@ -205,10 +252,12 @@ def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
         ("      + frame read / rest of source / flusher",
          f"{floor['frame_read']:.1f} / {floor['source_rest']:.1f} / {floor['flush']:.1f} us"),
         ("      = the floor (no other thread)", f"{floor['floor']:.1f} us"),
+        *floor_limit_rows(a),
         ("    ceiling of end to end / parse + extract",
          f"{floor['ceiling_ratio']:.2f}"),
     ]
     rows += sockets_rows(a["sockets"])
+    rows += full_frames_rows(a_full)
     normal, stopped, holed = b["persist_normal"], b["park_db_stopped"], b["park_blackholed"]
     rows += [
         ("(b) persist_event, database up (p50 / p99)",
@@ -255,6 +304,9 @@ def table(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any],
          f"{fm['parked_p99_ms']['0']:.2f} / {fm['parked_p99_ms']['1']:.2f} ms"),
     ]
     rows += storage_rows(g)
+    rows.append((f"(h) alert latency, {h['rate_per_sec']:g} cheers/s beside a flooded socket "
+                 f"({h['shape']} chat frames)", ""))
+    rows += bench_alerts.rows(h)
     return rows
 
 
@@ -266,10 +318,15 @@ def main() -> int:
     sizes = QUICK if args.quick else FULL
     started = time.monotonic()
     info = machine()
-    a, ta = _timed("(a) chat end to end", lambda: bench_wire.run(**sizes["wire"]))
-    a["sockets"], tsockets = _timed("(a) chat over many sockets and two replicas",
+    a, ta = _timed("(a) chat end to end, short frames", lambda: bench_wire.run(**sizes["wire"]))
+    a["sockets"], tsockets = _timed("(a) chat over many sockets and two replicas, short frames",
                                     lambda: bench_wire_sockets.run(**sizes["wire_sockets"]))
     ta += tsockets
+    a_full, ta_full = _timed("(a') chat end to end, full-size frames",
+                             lambda: bench_wire.run(**sizes["wire_full"]))
+    a_full["sockets"], tsockets = _timed("(a') chat over many sockets, full-size frames",
+                                         lambda: bench_wire_sockets.run(**sizes["wire_sockets_full"]))
+    ta_full += tsockets
     b, tb = _timed("(b) event durability", lambda: events_part(**sizes["events"]))
     b["chat_drain"], tdrain = _timed("(b) chat dead-letter drain",
                                      lambda: bench_chat_drain.run(**sizes["chat_drain"]))
@@ -279,7 +336,8 @@ def main() -> int:
     e, te = _timed("(e) Kick chat end to end", lambda: bench_kick.run(**sizes["kick"]))
     f, tf = _timed("(f) min_replicas_acked 0 / 1", lambda: bench_replicas.run(**sizes["replicas"]))
     g, tg = _timed("(g) chat storage", lambda: bench_storage.run(**sizes["storage"]))
-    rows = table(a, b, c, d, e, f, g)
+    h, th = _timed("(h) alert latency", lambda: bench_alerts.run(**sizes["alerts"]))
+    rows = table(a, a_full, b, c, d, e, f, g, h)
     total = time.monotonic() - started
 
     print(f"lumio-ingestd benchmarks: {info['nproc']} CPUs ({info['cpu_model']}), {info['ram_gib']} GiB RAM, "
@@ -295,10 +353,12 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "machine": info, "quick": args.quick,
-        "seconds": {"a": ta, "b": tb, "c": tc, "d": td, "e": te, "f": tf, "g": tg, "total": total},
+        "seconds": {"a": ta, "a_full": ta_full, "b": tb, "c": tc, "d": td, "e": te, "f": tf, "g": tg,
+                    "h": th, "total": total},
         "table": [{"measure": label.strip(), "result": value} for label, value in rows],
-        "a_chat_end_to_end": a, "b_events": b, "c_shutdown": c, "d_idle_sockets": d,
-        "e_kick_chat": e, "f_min_replicas_acked": f, "g_storage": g,
+        "a_chat_end_to_end": a, "a_chat_end_to_end_full": a_full, "b_events": b, "c_shutdown": c,
+        "d_idle_sockets": d, "e_kick_chat": e, "f_min_replicas_acked": f, "g_storage": g,
+        "h_alert_latency": h,
     }, indent=2, default=str) + "\n")
     print(f"written to {out.relative_to(ROOT)}")
     return 0
