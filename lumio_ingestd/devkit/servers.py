@@ -39,6 +39,7 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 import redis
 from psycopg2 import sql
@@ -63,6 +64,8 @@ LOCALHOST = "127.0.0.1"
 REDIS_START_TIMEOUT = 10.0
 PG_START_TIMEOUT = 20.0
 _POLL = 0.02  # short wait between readiness probes (always under a deadline)
+#: How long `create_database` retries a copy whose template another session holds.
+TEMPLATE_BUSY_SECS = 10.0
 
 
 class DevServerError(RuntimeError):
@@ -1016,13 +1019,40 @@ class PostgresServer(_Server):
 
     # -- databases ---------------------------------------------------------
     def create_database(self, name: str, template: str | None = None) -> None:
+        """CREATE DATABASE, from `template` when given.
+
+        Copying a template needs it to have no other session. A closed
+        connection's backend may still be exiting, and with TimescaleDB
+        preloaded its launcher opens a short-lived scheduler in every database
+        to look for the extension: either makes the copy fail with 55006
+        ("being accessed by other users"). So those sessions are ended and the
+        copy tried again, for up to `TEMPLATE_BUSY_SECS`.
+        """
         query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-        if template is not None:
-            query = query + sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        if template is None:
+            self._execute(query)
+            return
+        query = query + sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        busy: list[psycopg2.Error] = []
+
+        def created() -> bool:
+            try:
+                self._execute(sql.SQL("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                      "WHERE datname = %s AND pid <> pg_backend_pid()"), (template,))
+                self._execute(query)
+            except psycopg2.errors.ObjectInUse as exc:
+                busy[:] = [exc]
+                return False
+            return True
+
+        if not wait_until(created, TEMPLATE_BUSY_SECS, interval=0.05):
+            raise busy[0]
+
+    def _execute(self, query: sql.Composable, params: tuple[Any, ...] = ()) -> None:
         conn = self.connect()
         try:
             with conn.cursor() as cur:
-                cur.execute(query)
+                cur.execute(query, params)
         finally:
             conn.close()
 

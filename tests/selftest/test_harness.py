@@ -132,8 +132,13 @@ def test_server_addresses(pg_server: PostgresServer, redis_server: RedisServer, 
 def test_create_and_drop_database(pg_server: PostgresServer) -> None:
     pg_server.create_database("harness_src")
     try:
-        _query(pg_server.connect("harness_src"), "CREATE TABLE t AS SELECT 41 + 1 AS x")
+        # Left open: a session on the template (as TimescaleDB's scheduler opens one now and
+        # then) would make the copy fail; create_database ends it and copies.
+        holder = pg_server.connect("harness_src")
+        _query(holder, "CREATE TABLE t AS SELECT 41 + 1 AS x")
         pg_server.create_database("harness_copy", template="harness_src")
+        with pytest.raises(psycopg2.OperationalError):
+            _query(holder)
         busy = pg_server.connect("harness_copy")  # drop must terminate it
         assert _query(busy, "SELECT x FROM t") == 42
         pg_server.drop_database("harness_copy")
