@@ -1023,16 +1023,18 @@ class PostgresServer(_Server):
 
         Copying a template needs it to have no other session. A closed
         connection's backend may still be exiting, and with TimescaleDB
-        preloaded its launcher opens a short-lived scheduler in every database
-        to look for the extension: either makes the copy fail with 55006
-        ("being accessed by other users"). So those sessions are ended and the
-        copy tried again, for up to `TEMPLATE_BUSY_SECS`.
+        preloaded its launcher starts a scheduler in every database (again
+        after it is ended): either makes the copy fail with 55006 ("being
+        accessed by other users"). So the template takes no new connection
+        while it is copied, its sessions are ended, and the copy is tried
+        again for up to `TEMPLATE_BUSY_SECS` while one is still exiting.
         """
         query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
         if template is None:
             self._execute(query)
             return
         query = query + sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        source = sql.Identifier(template)
         busy: list[psycopg2.Error] = []
 
         def created() -> bool:
@@ -1045,8 +1047,12 @@ class PostgresServer(_Server):
                 return False
             return True
 
-        if not wait_until(created, TEMPLATE_BUSY_SECS, interval=0.05):
-            raise busy[0]
+        self._execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(source))
+        try:
+            if not wait_until(created, TEMPLATE_BUSY_SECS, interval=0.05):
+                raise busy[0]
+        finally:
+            self._execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(source))
 
     def _execute(self, query: sql.Composable, params: tuple[Any, ...] = ()) -> None:
         conn = self.connect()
