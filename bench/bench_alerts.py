@@ -301,8 +301,7 @@ def run(idle: int = 100, load: int = 300, rate: float = 10.0, shape: str = "full
             config = write_config(tmp, pg, rds, standin.info, accounts=2, instance_id="bench-alerts",
                                   extra={"http": {"listen": "127.0.0.1:0", "emit_token_file": token},
                                          "metrics": {"listen": "127.0.0.1:0"}})
-            with Daemon(config, tmp / "daemon.log", notify=notify,
-                        **({"code": code} if code is not None else {})) as daemon:
+            with Daemon(config, tmp / "daemon.log", notify=notify, code=code) as daemon:
                 notify.wait_for("READY=1", 60)
                 http_port, _ = daemon.ports()
                 if not standin.call("wait_subscribed", chat=broadcaster(FLOODED),

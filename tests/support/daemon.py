@@ -132,8 +132,8 @@ class Daemon:
     """`lumio-ingestd -c CONFIG run` as a child process."""
 
     def __init__(self, config: Path, log_path: Path, *, notify: NotifySocket | None = None,
-                 env: Mapping[str, str] | None = None, code: Path = ROOT) -> None:
-        """`code`: the checkout whose lumio_ingestd runs (a benchmark compares two)."""
+                 env: Mapping[str, str] | None = None, code: Path | None = None) -> None:
+        """`code`: the checkout whose lumio_ingestd runs (default: this one; a benchmark compares two)."""
         self.config = config
         self.log_path = log_path
         environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONUNBUFFERED": "1"}
@@ -144,7 +144,7 @@ class Daemon:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lumio_ingestd", "-c", str(config), "run"],
-            cwd=code, env=environ, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
+            cwd=code or ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
 
     @property
     def log(self) -> str:
