@@ -9,7 +9,8 @@ docs/platforms.rst, "The EventAPI protocol":
   interval while the connection's heartbeats are on; op 35 Subscribe
   (answered with op 5 Ack; a repeat closes with 4009; beyond the limit an
   op 6 Error, the subscription refused: the real server's answer there is
-  UNCONFIRMED; every subscribe while `refuse_subscribes` is set), op 36
+  UNCONFIRMED; every subscribe while `refuse_subscribes` is set; each waits while
+  `subscribes_open` is clear), op 36
   Unsubscribe (unknown: 4010), op 34 Resume (answered like the current
   server: `success: false`, nothing restored), any other
   opcode or malformed frame: 4001/4002. Dispatches go to the connections
@@ -106,6 +107,10 @@ class SevenTvStandin(StandinServers):
         #: Answer every op 35 Subscribe with an op 6 Error and keep nothing (a welcomed session
         #: that never becomes a working one).
         self.refuse_subscribes = False
+        #: Clear: every op 35 Subscribe waits, unread, until it is set again (a busy server: the
+        #: subscription is not in place and no Ack comes yet).
+        self.subscribes_open = threading.Event()
+        self.subscribes_open.set()
         self._numbers = itertools.count(1)
         self._ids = itertools.count(1)
         self._clock_ms = 0
@@ -329,6 +334,9 @@ class SevenTvStandin(StandinServers):
                 return
             sub = (key[0], key[1])
             if op == 35:
+                while not self.subscribes_open.wait(0.05):
+                    if c.closed.is_set() or self._stop.is_set():
+                        return
                 if sub in c.subs:
                     self.close_connection(c, 4009, "already subscribed")
                     return

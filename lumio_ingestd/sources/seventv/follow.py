@@ -7,7 +7,9 @@ socket's reader or its healer, see `busy`);
 - `heal(f)`: load the stored state (once), find the active emote set (the
   configured one; the one a `user.update` named; else the API's, from the
   Twitch id or the 7TV user id), fetch it and diff it with the stored state.
-  No stored state yet: the set is the baseline, stored without events.
+  No stored state yet: the set is the baseline, stored without events. A set
+  or user that is not subscribed yet is not fetched: the heal ends there, due
+  again, and the socket runs it once the server has acked the subscription.
 - `on_set_update(f, update)`: an `emote_set.update` dispatch, as a target
   state, diffed with the stored state (a duplicate dispatch diffs empty).
 - `on_user_update(f, update)`: a switch of the active set away from the
@@ -111,13 +113,16 @@ class Followed:
 
     @property
     def set_id(self) -> str | None:
-        """The set to subscribe to: a switch named by user.update is subscribed before the heal
-        fetches it, so no change made in between is missed."""
+        """The set to subscribe to: a set named by user.update or found by the API is subscribed
+        before the heal fetches it, so no change made in between is missed; then the set of the
+        state waiting to be saved, then that of the stored one (it never falls back to an older
+        set while a newer one is being stored)."""
         if self.pinned_set:
             return self.pinned_set
         if self.set_hint:
             return self.set_hint
-        return self.state.set_id if self.state is not None else None
+        held = self.pending or self.state
+        return held.set_id if held is not None else None
 
     def subscriptions(self) -> list[Subscription]:
         subs: list[Subscription] = []
@@ -147,9 +152,9 @@ class Follower:
 
     def heal(self, f: Followed) -> bool:
         """Bring `f` up to date with the API; True when done, False when it is due again later."""
-        asked = f.heal_asked
+        asked, subscribed = f.heal_asked, f.subscriptions()
         try:
-            ok = self._heal(f)
+            ok = self._heal(f, subscribed)
         except NotOnSevenTv as exc:
             # Not an outage: many streamers have no 7TV. One line, then a quiet, rare retry.
             log.log(logging.DEBUG if f.missing else logging.INFO, "%s: account %d: %s; asking again "
@@ -164,9 +169,13 @@ class Follower:
             log.warning("%s: account %d: heal failed (%s: %s)", self.name, f.account_id,
                         type(exc).__name__, str(exc)[:300])
             ok = False
+        held = f.pending or f.state
+        if held is not None and held.set_id == f.set_hint:
+            f.set_hint = None  # its set is now the one being stored or stored
         if ok:
             f.heal_failures, f.missing = 0, False
-            f.heal_due = f.heal_asked != asked
+            # Found a set or user to subscribe: heal again, once the server has acked it.
+            f.heal_due = f.heal_asked != asked or f.subscriptions() != subscribed
             if f.heal_due:
                 f.heal_at = 0.0
         else:
@@ -176,7 +185,7 @@ class Follower:
             f.heal_due, f.heal_at = True, time.monotonic() + delay
         return ok
 
-    def _heal(self, f: Followed) -> bool:
+    def _heal(self, f: Followed, subscribed: list[Subscription]) -> bool:
         if f.pending is not None and not self._save_pending(f):
             return False
         if not f.loaded:
@@ -185,6 +194,13 @@ class Follower:
             if f.user_id is None and f.state is not None:
                 f.user_id = f.state.user_id  # user.update is followed before the API answers
         set_id = self._active_set(f)
+        if set_id is not None and set_id != f.set_id:
+            f.set_hint = set_id
+        if f.subscriptions() != subscribed:
+            # A set or user found only now: it is subscribed first and fetched by the next heal,
+            # which the socket runs once the server has acked the subscription. Fetched now, a
+            # change made before that Ack would be dispatched to nobody and never stored.
+            return True
         if set_id is None:
             return f.set_id is None and f.user_id is not None  # no set yet: wait for user.update
         now = self._clock()
@@ -192,7 +208,6 @@ class Follower:
         if emotes is None:
             log.warning("%s: account %d: 7TV emote set %s does not exist", self.name, f.account_id, set_id)
             return False
-        f.set_hint = None
         base = f.state
         if base is None:
             new = SetState(set_id, emotes, 1, f.user_id)

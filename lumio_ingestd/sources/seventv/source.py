@@ -26,13 +26,15 @@ A socket, on every (re)connect:
    `stable_after_secs`;
 4. heals every account through the REST API (`Follower.heal`): the set is
    fetched and diffed with the stored state, so what changed while the socket
-   was down is stored once; accounts found only now are subscribed after.
+   was down is stored once. A set found only now (an account's first heal, a
+   switch only the API shows) is subscribed first and fetched by the next heal.
    Heals run on the socket's own heal thread (`SevenTvHealer`), never on the
    reader: a slow REST answer (each call ends at its whole-request deadline,
    `api_timeout`) delays only further heals, while the reader goes on
    reading heartbeats and applying every account's dispatches. An account is
-   healed once its subscriptions are held, so what changes after the fetch
-   arrives as a dispatch. One thread at a time works on an account
+   healed once the server has acked its subscriptions (sent is not enough: a
+   change made before the server reads the subscribe is dispatched to nobody),
+   so what changes after the fetch arrives as a dispatch. One thread at a time works on an account
    (`Followed.busy`): a dispatch for an account being healed is applied by
    the healer right after the heal, in the order it arrived.
 
@@ -53,12 +55,13 @@ saved is recomputed from the stored one by the next heal (same external ids).
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lumio_ingestd.metrics import Metrics
@@ -142,10 +145,13 @@ class SevenTvSocket(Source):
         self.client_bug_wait_secs = client_bug_wait_secs
         self._ws: WsConnection | None = None
         self._ws_lock = threading.Lock()
-        #: Subscribes sent on this connection that the server has not acked yet.
-        self._unacked = 0
-        #: What the server holds for this connection.
+        #: Subscribes sent on this connection that the server has not acked yet, in the order sent.
+        self._unacked: collections.deque[Subscription] = collections.deque()
+        #: What the server holds for this connection, or will once it has read our subscribes.
         self.server_subs: set[Subscription] = set()
+        #: What the server has acked: only these carry dispatches for sure, so only an account
+        #: whose subscriptions are all here is healed (a change after its fetch is dispatched).
+        self.acked_subs: set[Subscription] = set()
         #: What the server held when the last connection ended (what a successful Resume restores).
         self._last_subs: set[Subscription] = set()
         self.hello: Hello | None = None
@@ -186,8 +192,9 @@ class SevenTvSocket(Source):
                 self._exclusive(f, functools.partial(self.follower.heal, f), defer=False)
 
     def _held(self, f: Followed) -> bool:
-        """Every subscription the account needs is held (one found only by this heal has none)."""
-        subs = self.server_subs
+        """The server has acked every subscription the account needs (one found only by this
+        heal has none yet)."""
+        subs = self.acked_subs
         return all(sub in subs for sub in f.subscriptions())
 
     def _exclusive(self, f: Followed, work: Callable[[], object], *, defer: bool = True) -> None:
@@ -225,8 +232,8 @@ class SevenTvSocket(Source):
             self.hello = hello
             self.hellos.append(hello)
             self._fit(hello.subscription_limit)
-            self.server_subs = set()
-            self._unacked = 0
+            self.server_subs, self.acked_subs = set(), set()
+            self._unacked = collections.deque()
             if self.resume and self.previous_session is not None:
                 self._resume(ws, self.previous_session)
             self.previous_session = hello.session_id
@@ -279,7 +286,7 @@ class SevenTvSocket(Source):
                     restored = frame.data.get("subscriptions_restored")
                     log.info("%s: resumed session %s (%s subscriptions restored)", self.name,
                              session_id, restored)
-                    self.server_subs = set(self._last_subs)
+                    self.server_subs, self.acked_subs = set(self._last_subs), set(self._last_subs)
                 else:
                     log.info("%s: Resume refused (%s); subscribing again", self.name,
                              json.dumps(dict(frame.data))[:200])
@@ -334,9 +341,9 @@ class SevenTvSocket(Source):
             ws, self._ws = self._ws, None
         if ws is not None:
             ws.close()
-        if self.server_subs:
-            self._last_subs = set(self.server_subs)
-        self.server_subs = set()
+        if self.acked_subs:
+            self._last_subs = set(self.acked_subs)
+        self.server_subs, self.acked_subs = set(), set()
 
     def idle(self) -> None:
         if not self.connected or self.stopping:
@@ -415,10 +422,11 @@ class SevenTvSocket(Source):
         for sub in sorted(self.server_subs - want):
             ws.send_text(unsubscribe(*sub))
             self.server_subs.discard(sub)
+            self.acked_subs.discard(sub)
         for sub in sorted(want - self.server_subs):
             ws.send_text(subscribe(*sub))
             self.server_subs.add(sub)
-            self._unacked += 1
+            self._unacked.append(sub)
             self.metrics.source_subscriptions.labels(PLATFORM, "ok").inc()
 
     # -- frames ------------------------------------------------------------------------------
@@ -458,13 +466,22 @@ class SevenTvSocket(Source):
             if command == "RESUME":
                 self.resume_acks.append(dict(frame.data))
             elif command == "SUBSCRIBE" and self._unacked:
-                self._unacked -= 1
+                self._acked(frame.data)
                 if not self._unacked:
                     # Welcomed and subscribed: the next drop starts the backoff over.
                     self.mark_healthy()
         elif isinstance(frame, Hello):
             self.metrics.source_frames.labels(PLATFORM, "hello").inc()
             log.info("%s: a second Hello on one connection ignored", self.name)
+
+    def _acked(self, data: Mapping[str, Any]) -> None:
+        """A SUBSCRIBE Ack: the subscription it names, or else (an Ack without type and
+        condition) the oldest one sent, since the server answers a connection's frames in order."""
+        cond = data.get("condition")
+        named = (data.get("type"), cond.get("object_id") if isinstance(cond, Mapping) else None)
+        sub = next((s for s in self._unacked if s == named), self._unacked[0])
+        self._unacked.remove(sub)
+        self.acked_subs.add(sub)
 
     def _dispatch(self, d: Dispatch, raw: bytes) -> None:
         try:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg2
 import pytest
 
 from lumio_ingestd.devkit.standins.seventv import SevenTvStandin
@@ -49,11 +50,20 @@ def rig(tmp_path: Path, pg_url: str, redis_url: str, standin: SevenTvStandin) ->
 
 
 def ready(rig: SevenTvRig, set_id: str = SET_A, account: int = 7, n_conn: int = 1) -> None:
-    """The set is subscribed on `n_conn` connections so far and its state stored."""
+    """The set is subscribed on `n_conn` connections so far, its state stored, and the account's
+    heals done (a change from now on arrives as a dispatch)."""
     s = rig.standin
     assert s.wait_for(lambda: s.subscribed("emote_set.update", set_id) and s.subscribed("user.update", USER)
                       and len(s.connections) >= n_conn), [c.subs for c in s.connections]
     assert wait_until(lambda: (st := rig.state(account)) is not None and st[0] == set_id, 10)
+    assert wait_until(lambda: healed(rig, account), 10)
+
+
+def healed(rig: SevenTvRig, account: int) -> bool:
+    """The newest source holds the account with every subscription acked and no heal due."""
+    return any(f.account_id == account and not f.heal_due and f.subscriptions()
+               and all(sub in sock.acked_subs for sub in f.subscriptions())
+               for sock in rig.sources[-1].sockets for f in sock.group)
 
 
 def settle(rig: SevenTvRig, n: int) -> None:
@@ -212,6 +222,87 @@ def test_a_change_seen_by_dispatch_and_by_rest_is_one_row(rig: SevenTvRig) -> No
     s.remove_emote(SET_A, E3)
     settle(rig, 4)
     assert src2.sockets[0].connected
+    assert_exactly_once(rig)
+
+
+def subscribe_sent(s: SevenTvStandin) -> bool:
+    """The newest connection has sent an op 35 Subscribe."""
+    return bool(s.connections) and any(m.get("op") == 35 for m in s.connections[-1].inbound)
+
+
+def healed_via(rig: SevenTvRig) -> list[str]:
+    return [r[0] for r in rig.rows("SELECT payload->>'via' FROM events WHERE platform = 'seventv'")]
+
+
+def test_a_reconnected_account_is_healed_only_once_the_server_has_acked_its_subscriptions(
+        rig: SevenTvRig) -> None:
+    """A change made after the heal's fetch but before the server has read the subscribe is
+    dispatched to nobody: so the heal waits for the Acks, not the sends, and sees it."""
+    s = rig.standin
+    src = rig.source()
+    ready(rig)
+    rig.stop(src)
+    s.subscribes_open.clear()  # the server is slow to read subscribes
+    fetched = len(s.rest_requests)
+    src2 = rig.source()
+    assert s.wait_for(lambda: len(s.connections) == 2 and subscribe_sent(s))
+    healer = src2.sockets[0].heal_thread
+    turns = healer.turns
+    assert wait_until(lambda: healer.turns >= turns + 3, 5)
+    # No fetch of the set while its subscription is not in place.
+    assert not any(p.startswith("/v3/emote-sets/") for p in s.rest_requests[fetched:]), s.rest_requests
+    s.add_emote(SET_A, E3, "Clap")  # nobody is subscribed yet: no dispatch
+    s.subscribes_open.set()
+    settle(rig, 1)
+    assert rig.changes() == [("emote.added", E3, None, "Clap")] and healed_via(rig) == ["rest"]
+    assert_exactly_once(rig)
+
+
+def test_a_set_found_by_the_api_is_fetched_only_once_its_subscription_is_acked(
+        rig: SevenTvRig) -> None:
+    """A new account's set is known only from the API's answer: it is subscribed before it is
+    fetched, so a change made before the server acks that subscription is in the baseline."""
+    s = rig.standin
+    s.subscribes_open.clear()
+    rig.source()
+    assert s.wait_for(lambda: subscribe_sent(s))
+    assert wait_until(lambda: any(p.startswith("/v3/users/twitch/") for p in s.rest_requests), 5)
+    healer = rig.sources[-1].sockets[0].heal_thread
+    turns = healer.turns
+    assert wait_until(lambda: healer.turns >= turns + 3, 5)
+    assert not any(p.startswith("/v3/emote-sets/") for p in s.rest_requests), s.rest_requests
+    assert rig.state(7) is None
+    s.add_emote(SET_A, E3, "Clap")  # the server has not read the subscribe: no dispatch
+    s.subscribes_open.set()
+    ready(rig)
+    assert E3 in rig.standin.sets[SET_A] and rig.changes() == []  # in the baseline
+    s.rename_emote(SET_A, E3, "Clapping")
+    settle(rig, 1)
+    assert rig.changes() == [("emote.renamed", E3, "Clap", "Clapping")] and healed_via(rig) == ["eventapi"]
+    assert_exactly_once(rig)
+
+
+def test_the_subscription_stays_on_a_set_while_its_first_state_waits_to_be_saved(rig: SevenTvRig) -> None:
+    """The heal has fetched the set and its save waits for the database: the socket goes on
+    syncing its subscriptions meanwhile and must not drop the set (its changes would be lost)."""
+    s = rig.standin
+    blocker = psycopg2.connect(rig.pg_url)
+    try:
+        with blocker.cursor() as cur:
+            cur.execute("LOCK TABLE seventv_emote_sets IN SHARE MODE")  # reads go on, writes wait
+        src = rig.source()
+        assert wait_until(lambda: any(p.startswith("/v3/emote-sets/") for p in s.rest_requests), 10)
+        reader = src.sockets[0]
+        turns = reader.turns
+        assert wait_until(lambda: reader.turns >= turns + 5, 5)  # each turn syncs the subscriptions
+        assert rig.state(7) is None  # still waiting
+    finally:
+        blocker.close()
+    ready(rig)
+    assert not [m for c in s.connections for m in c.inbound if m.get("op") == 36]
+    s.add_emote(SET_A, E3, "Clap")
+    settle(rig, 1)
+    assert rig.changes() == [("emote.added", E3, None, "Clap")] and healed_via(rig) == ["eventapi"]
     assert_exactly_once(rig)
 
 
@@ -401,12 +492,14 @@ def test_a_smaller_limit_on_reconnect_moves_accounts_to_another_socket(rig: Seve
     src = rig.source([Followed(7, twitch_user_id=TWITCH), Followed(8, twitch_user_id="1002")])
     assert s.wait_for(lambda: s.subscribed("emote_set.update", SET_A)
                       and s.subscribed("emote_set.update", SET_B), 5)
+    assert wait_until(lambda: healed(rig, 7) and healed(rig, 8), 10)  # both baselines stored
     assert len(src.sockets) == 1
     s.subscription_limit = 2
     s.close_connection(s.open_connections()[0], 4012, "lifetime")
     assert s.wait_for(lambda: len(s.open_connections()) == 2 and s.subscribed("emote_set.update", SET_A)
                       and s.subscribed("emote_set.update", SET_B), 5)
     assert len(src.sockets) == 2 and all(c.max_subs <= 2 for c in s.connections[1:])
+    assert wait_until(lambda: healed(rig, 7) and healed(rig, 8), 10)
     s.add_emote(SET_A, E3, "Clap")
     s.add_emote(SET_B, E4, "Wave")
     settle(rig, 2)
