@@ -34,9 +34,10 @@ A socket, on every (re)connect:
    reading heartbeats and applying every account's dispatches. An account is
    healed once the server has acked its subscriptions (sent is not enough: a
    change made before the server reads the subscribe is dispatched to nobody),
-   so what changes after the fetch arrives as a dispatch. One thread at a time works on an account
-   (`Followed.busy`): a dispatch for an account being healed is applied by
-   the healer right after the heal, in the order it arrived.
+   so what changes after the fetch arrives as a dispatch. One thread at a
+   time works on an account (`Followed.busy`): a dispatch for an account
+   being healed is applied by the healer right after the heal, in the order
+   it arrived.
 
 Liveness: the server sends op 2 every `heartbeat_interval`; when a read finds
 nothing and nothing arrived for three intervals, the connection is dead.
