@@ -148,8 +148,6 @@ class SevenTvSocket(Source):
         self._ws_lock = threading.Lock()
         #: Subscribes sent on this connection that the server has not acked yet, in the order sent.
         self._unacked: collections.deque[Subscription] = collections.deque()
-        #: What the server holds for this connection, or will once it has read our subscribes.
-        self.server_subs: set[Subscription] = set()
         #: What the server has acked: only these carry dispatches for sure, so only an account
         #: whose subscriptions are all here is healed (a change after its fetch is dispatched).
         self.acked_subs: set[Subscription] = set()
@@ -233,8 +231,7 @@ class SevenTvSocket(Source):
             self.hello = hello
             self.hellos.append(hello)
             self._fit(hello.subscription_limit)
-            self.server_subs, self.acked_subs = set(), set()
-            self._unacked = collections.deque()
+            self.acked_subs, self._unacked = set(), collections.deque()
             if self.resume and self.previous_session is not None:
                 self._resume(ws, self.previous_session)
             self.previous_session = hello.session_id
@@ -287,7 +284,7 @@ class SevenTvSocket(Source):
                     restored = frame.data.get("subscriptions_restored")
                     log.info("%s: resumed session %s (%s subscriptions restored)", self.name,
                              session_id, restored)
-                    self.server_subs, self.acked_subs = set(self._last_subs), set(self._last_subs)
+                    self.acked_subs = set(self._last_subs)
                 else:
                     log.info("%s: Resume refused (%s); subscribing again", self.name,
                              json.dumps(dict(frame.data))[:200])
@@ -344,7 +341,7 @@ class SevenTvSocket(Source):
             ws.close()
         if self.acked_subs:
             self._last_subs = set(self.acked_subs)
-        self.server_subs, self.acked_subs = set(), set()
+        self.acked_subs, self._unacked = set(), collections.deque()
 
     def idle(self) -> None:
         if not self.connected or self.stopping:
@@ -420,13 +417,14 @@ class SevenTvSocket(Source):
 
     def _sync(self, ws: WsConnection) -> None:
         want = self.desired()
-        for sub in sorted(self.server_subs - want):
+        held = self.server_subs
+        for sub in sorted(held - want):
             ws.send_text(unsubscribe(*sub))
-            self.server_subs.discard(sub)
             self.acked_subs.discard(sub)
-        for sub in sorted(want - self.server_subs):
+            if sub in self._unacked:
+                self._unacked.remove(sub)  # its Ack may still come: _acked() then ignores it
+        for sub in sorted(want - held):
             ws.send_text(subscribe(*sub))
-            self.server_subs.add(sub)
             self._unacked.append(sub)
             self.metrics.source_subscriptions.labels(PLATFORM, "ok").inc()
 
@@ -475,12 +473,24 @@ class SevenTvSocket(Source):
             self.metrics.source_frames.labels(PLATFORM, "hello").inc()
             log.info("%s: a second Hello on one connection ignored", self.name)
 
+    @property
+    def server_subs(self) -> set[Subscription]:
+        """What the server holds for this connection, or will once it has read our subscribes.
+        (Read from the source's thread too: `deque.copy` is one step, iterating it is not.)"""
+        return self.acked_subs | set(self._unacked.copy())
+
     def _acked(self, data: Mapping[str, Any]) -> None:
-        """A SUBSCRIBE Ack: the subscription it names, or else (an Ack without type and
-        condition) the oldest one sent, since the server answers a connection's frames in order."""
+        """A SUBSCRIBE Ack: the subscription it names (none still pending: one unsubscribed
+        since, ignored), or else (an Ack without type and condition) the oldest one sent, since
+        the server answers a connection's frames in order."""
         cond = data.get("condition")
         named = (data.get("type"), cond.get("object_id") if isinstance(cond, Mapping) else None)
-        sub = next((s for s in self._unacked if s == named), self._unacked[0])
+        if named == (None, None):
+            sub: Subscription | None = self._unacked[0]
+        else:
+            sub = next((s for s in self._unacked if s == named), None)
+        if sub is None:
+            return
         self._unacked.remove(sub)
         self.acked_subs.add(sub)
 

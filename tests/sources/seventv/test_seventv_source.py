@@ -282,6 +282,26 @@ def test_a_set_found_by_the_api_is_fetched_only_once_its_subscription_is_acked(
     assert_exactly_once(rig)
 
 
+def test_a_subscription_dropped_before_its_ack_does_not_count_as_held(rig: SevenTvRig) -> None:
+    """Two switches while the server is slow to read subscribes: the first new set is
+    unsubscribed before its Ack comes, and that late Ack must not make it count as held."""
+    s = rig.standin
+    src = rig.source()
+    ready(rig)
+    sock = src.sockets[0]
+    s.subscribes_open.clear()
+    s.switch_set(USER, SET_B)
+    assert wait_until(lambda: ("emote_set.update", SET_B) in sock.server_subs, 5)
+    s.switch_set(USER, SET_A)
+    assert wait_until(lambda: ("emote_set.update", SET_B) not in sock.server_subs, 5)
+    s.subscribes_open.set()
+    ready(rig)
+    assert wait_until(lambda: sock.server_subs == sock.acked_subs, 5)  # every Ack read
+    conn = s.open_connections()[0]
+    assert sock.acked_subs == conn.subs == {("emote_set.update", SET_A), ("user.update", USER)}
+    assert_exactly_once(rig)
+
+
 def test_the_subscription_stays_on_a_set_while_its_first_state_waits_to_be_saved(rig: SevenTvRig) -> None:
     """The heal has fetched the set and its save waits for the database: the socket goes on
     syncing its subscriptions meanwhile and must not drop the set (its changes would be lost)."""
