@@ -196,11 +196,11 @@ def _sentinel_client(cfg: RedisConfig) -> redis.Redis:
     tls = cfg.url.startswith("rediss://")
     timeouts = {"socket_timeout": cfg.socket_timeout_secs,
                 "socket_connect_timeout": cfg.connect_timeout_secs}
-    sentinel = Sentinel(list(cfg.sentinels),  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(cfg.sentinels),
                         sentinel_kwargs={**timeouts, "retry": Retry(NoBackoff(), 0)})
     if cfg.password is not None:
         options["password"] = cfg.password.reveal()
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(
         cfg.sentinel_service,
         connection_class=_OneWriteSentinelTls if tls else _OneWriteSentinel,
         socket_keepalive=True,
@@ -209,7 +209,9 @@ def _sentinel_client(cfg: RedisConfig) -> redis.Redis:
         retry=Retry(NoBackoff(), 0),
         retry_on_timeout=False,
         decode_responses=False,
-        **timeouts, **options)
+        socket_timeout=cfg.socket_timeout_secs,
+        socket_connect_timeout=cfg.connect_timeout_secs,
+        **options)
     return client
 
 

@@ -41,7 +41,7 @@ def event(account: int = 42, n: int = 0, payload_bytes: int = 0) -> PlatformEven
 
 
 def test_every_taken_event_is_published_on_redis(rig: TwitchRig) -> None:
-    pubsub = rig.redis.pubsub()  # type: ignore[no-untyped-call]
+    pubsub = rig.redis.pubsub()
     pubsub.subscribe(alerts_channel(42))
     first = pubsub.get_message(timeout=5)
     assert first is not None and first["type"] == "subscribe"

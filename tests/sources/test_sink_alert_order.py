@@ -109,7 +109,7 @@ class RedisAlerts:
 
     def __init__(self, url: str, probe: Probe, account: int = ACCOUNT) -> None:
         self.client = redis.Redis.from_url(url, socket_timeout=5)
-        self.pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]
+        self.pubsub = self.client.pubsub()
         self.pubsub.subscribe(alerts_channel(account))
         first = self.pubsub.get_message(timeout=5)
         assert first is not None and first["type"] == "subscribe"

@@ -186,7 +186,7 @@ class AlertListener(Worker):
 
     def __init__(self, client: redis.Redis, metrics: Metrics) -> None:
         super().__init__("demo-alerts", metrics)
-        self._pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
         self._lock = threading.Lock()
         self._by_type: Counter[str] = Counter()
 
