@@ -96,6 +96,9 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="chat messages per second across both channels (default 300)")
     demo.add_argument("--keep", action="store_true",
                       help="keep the temporary directory (configuration, daemon log, data) at the end")
+    demo.add_argument("--json", metavar="FILE", dest="json_path",
+                      help="write the machine-readable summary (JSON) here, '-' for standard output "
+                           "(default: a new file under /tmp, named on the summary's last line)")
     return parser
 
 
@@ -140,7 +143,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from lumio_ingestd.devkit.demo import main as demo  # the demo's dependencies only when it runs
 
         return demo(duration=args.duration, chaos=args.chaos, rate=args.rate, keep=args.keep,
-                    environ=env, gap=args.gap)
+                    environ=env, gap=args.gap, json_path=args.json_path)
     if command == "export" and (args.platform is None) != (args.user_id is None):
         parser.error("export: --platform and --user-id go together (or use --account)")
     if command == "dissolve-account" and not args.yes:

@@ -2,7 +2,7 @@
 
 The demo runs as a subprocess from the repository, exactly as a user runs it.
 Its database is gone when it returns, so the oracle is its machine-readable
-summary line (`demo-summary: {json}`), which it builds from the database and
+summary (a JSON file the last line names, or `--json FILE`), which it builds from the database and
 Redis after the daemon's drain and from the daemon's metrics; on top, the
 test checks that nothing it started is still running (no process naming its
 temporary directory, none of its ports open) and that the directory is gone.
@@ -25,7 +25,6 @@ import support
 from lumio_ingestd import cli
 from lumio_ingestd.devkit.demo.observe import Rows, Snapshot
 from lumio_ingestd.devkit.demo.progress import Console, status_line
-from lumio_ingestd.devkit.demo.summary import MACHINE_PREFIX
 from lumio_ingestd.devkit.demo.traffic import SentCounts
 
 ROOT = support.ROOT
@@ -38,11 +37,19 @@ PROMISED_EVENTS = {
 
 
 def _demo(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """The demo's output, and its summary from the file its last line names."""
     proc = subprocess.run([sys.executable, "-m", "lumio_ingestd", "demo", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(MACHINE_PREFIX)]
-    assert len(lines) == 1, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc, json.loads(lines[0][len(MACHINE_PREFIX):])
+    said = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    named = [line for line in proc.stdout.splitlines() if line.startswith("machine-readable summary: ")]
+    assert len(named) == 1, said
+    # A person reads the table: no JSON on the terminal.
+    assert not any(line.lstrip().startswith(("{", "demo-summary")) for line in proc.stdout.splitlines()), said
+    path = Path(named[0].split(": ", 1)[1])
+    try:
+        return proc, json.loads(path.read_text())
+    finally:
+        path.unlink()
 
 
 def _processes_naming(text: str) -> list[str]:
@@ -99,7 +106,7 @@ def _assert_exactly_once(summary: dict[str, Any]) -> None:
 
 
 def test_demo_ingests_realistic_traffic_exactly_once_and_leaves_nothing_running() -> None:
-    proc, summary = _demo("--duration", "15")
+    proc, summary = _demo("--duration", "15")  # the summary goes to a new file under /tmp
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _assert_exactly_once(summary)
     assert set(summary["events_sent_by_type"]) >= PROMISED_EVENTS
@@ -128,8 +135,9 @@ def test_demo_ingests_realistic_traffic_exactly_once_and_leaves_nothing_running(
     _assert_nothing_left(summary)
 
 
-def test_demo_chaos_parks_and_replays_while_the_database_is_stopped() -> None:
-    proc, summary = _demo("--duration", "15", "--chaos")
+def test_demo_chaos_parks_and_replays_while_the_database_is_stopped(tmp_path: Path) -> None:
+    proc, summary = _demo("--duration", "15", "--chaos", "--json", str(tmp_path / "summary.json"))
+    assert f"machine-readable summary: {tmp_path / 'summary.json'}" in proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _assert_exactly_once(summary)
     assert "chaos: PostgreSQL stopped" in proc.stdout and "chaos: PostgreSQL is back" in proc.stdout
@@ -155,7 +163,8 @@ def test_demo_takes_no_config_file() -> None:
     assert exc.value.code == 64
 
 
-def test_on_a_terminal_the_progress_line_is_rewritten_in_place() -> None:
+def test_on_a_terminal_the_progress_line_is_rewritten_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough for the whole line, whatever runs the tests
     out = io.StringIO()
     console = Console(out, tty=True)
     console.notice("a setup step")

@@ -24,7 +24,7 @@ INSTALL_HINT = "pip install 'lumio-ingestd[demo]'"
 
 
 def main(*, duration: float, chaos: bool, rate: float, keep: bool, environ: Mapping[str, str],
-         out: TextIO | None = None, gap: bool = False) -> int:
+         out: TextIO | None = None, gap: bool = False, json_path: str | None = None) -> int:
     try:
         importlib.import_module("websockets")
     except ImportError:
@@ -35,5 +35,6 @@ def main(*, duration: float, chaos: bool, rate: float, keep: bool, environ: Mapp
     from lumio_ingestd.logs import setup_logging
 
     setup_logging("warning", environ)  # the demo's own problems; the daemon logs to its file
-    return run(Options(duration=duration, chaos=chaos, rate=rate, keep=keep, gap=gap), environ,
+    return run(Options(duration=duration, chaos=chaos, rate=rate, keep=keep, gap=gap, json_path=json_path),
+               environ,
                out if out is not None else sys.stdout)

@@ -17,7 +17,9 @@
    waits, bounded, until everything sent is stored; a Ctrl-C skips that wait.
    Then SIGTERM to the daemon and a wait for its drain (a further Ctrl-C
    sends a second SIGTERM, which cuts the daemon's drain short).
-5. The summary (`summary`), then everything started is stopped in reverse
+5. The summary (`summary`): a table for people, and the same as JSON in a file
+   (`--json FILE`, or a new file under /tmp named on the last line; `--json -`
+   prints it instead). Then everything started is stopped in reverse
    order and the directory removed (`--keep` keeps it).
 
 Signals reach the main loop through `SignalQueue` (the handler only
@@ -47,7 +49,7 @@ from lumio_ingestd.devkit.demo.daemon import DaemonFailed, DaemonProcess
 from lumio_ingestd.devkit.demo.observe import AlertListener, Observer, Snapshot
 from lumio_ingestd.devkit.demo.progress import Console, status_line
 from lumio_ingestd.devkit.demo.stack import Stack, start_stack
-from lumio_ingestd.devkit.demo.summary import build, render
+from lumio_ingestd.devkit.demo.summary import Summary, build, render
 from lumio_ingestd.devkit.demo.traffic import Traffic
 from lumio_ingestd.devkit.servers import DevServerError, cleanup_all, wait_until
 from lumio_ingestd.metrics import Metrics
@@ -74,6 +76,7 @@ class Options:
     rate: float  # chat messages per second, both channels together
     keep: bool
     gap: bool = False
+    json_path: str | None = None  # the machine-readable summary; None: a new file under /tmp, '-': stdout
 
 
 def run(opts: Options, environ: Mapping[str, str], out: TextIO) -> int:
@@ -208,8 +211,14 @@ def _run(opts: Options, environ: Mapping[str, str], console: Console, signals: S
     })
     for line in render(summary):
         console.print(line)
-    if not console.tty:  # for scripts and tests; a person has just read the table
-        console.print(summary.machine_line())
+    if opts.json_path == "-":
+        console.print(summary.document())
+    else:
+        try:
+            console.print(f"machine-readable summary: {_write_document(summary, opts.json_path)}")
+        except OSError as exc:
+            console.print(f"lumio-ingestd demo: cannot write the machine-readable summary: {exc}")
+            return exitcodes.SOFTWARE
     first_ok = all(c == exitcodes.OK for c in restarts)
     return exitcodes.OK if summary.ok and code == exitcodes.OK and first_ok else exitcodes.SOFTWARE
 
@@ -319,6 +328,18 @@ def _stop_worker(worker: Worker) -> None:
     worker.request_stop()
     if not worker.join(10.0):
         log.error("%s did not stop within 10s", worker.name)
+
+
+def _write_document(summary: Summary, path: str | None) -> Path:
+    """The summary as JSON in `path`, or in a new file under /tmp (the run's directory is
+    removed at the end, and the summary is what outlives it)."""
+    if path is None:
+        fd, name = tempfile.mkstemp(prefix="lumio-demo-summary-", suffix=".json", dir="/tmp")
+        os.close(fd)
+        path = name
+    target = Path(path)
+    target.write_text(summary.document() + "\n")
+    return target
 
 
 def _remove(root: Path, keep: bool, console: Console) -> None:

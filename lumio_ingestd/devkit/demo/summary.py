@@ -70,11 +70,15 @@ class Summary:
     def ok(self) -> bool:
         return self.chat.ok and self.events.ok
 
-    def machine_line(self) -> str:
+    def document(self) -> str:
+        """The whole summary as one JSON document, for scripts and tests."""
         data = asdict(self)
         data["ok"] = self.ok
         data["healed_rows"] = self.healed_rows
-        return MACHINE_PREFIX + json.dumps(data, sort_keys=True)
+        return json.dumps(data, sort_keys=True)
+
+    def machine_line(self) -> str:
+        return MACHINE_PREFIX + self.document()
 
 
 def _tally(sent: int, rows: int, distinct: int, waiting: int, quarantined: int, lost: int) -> Tally:
