@@ -39,9 +39,8 @@ that fits neither disagrees (a rename from another name; an addition of an
 emote the state holds from an earlier addition, its removal not seen; a
 change sent no later than the last change the state took for the emote):
 then nothing of the dispatch is applied, and a heal asks the REST API what
-is true. So a repeat never
-moves a name, an actor or a rename count, and one rename is counted once
-whichever path sees it.
+is true. So a repeat never moves a name, an actor or a rename count, and one
+rename is counted once whichever path sees it.
 
 REST shapes (`GET /users/twitch/{id}`, `GET /users/{id}`,
 `GET /emote-sets/{id}`) are read by `twitch_user()`, `user_active_set()` and
