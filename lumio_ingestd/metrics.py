@@ -343,10 +343,11 @@ class Metrics:
             for via in ("eventapi", "rest"):
                 self.seventv_changes.labels(change, via, "taken")
         self.seventv_dispatches = Counter(
-            "seventv_dispatches", "7TV dispatches by what they did: applied, unchanged (a duplicate "
+            "seventv_dispatches", "7TV dispatches by what they did: applied, unchanged (a repeat, "
             "or already known), not_followed, not_ready (no stored state yet, or the last one not "
-            "saved: a heal covers it), stale (a rename from a name the emote no longer has: not "
-            "applied, healed)", ["result"], registry=r)
+            "saved: a heal covers it), stale (disagrees with the stored state, e.g. a rename from a "
+            "name the emote no longer has: nothing of it applied, the account healed)", ["result"],
+            registry=r)
         for result in ("applied", "unchanged", "not_followed", "not_ready", "stale"):
             self.seventv_dispatches.labels(result)
         self.seventv_heals = Counter(

@@ -14,6 +14,13 @@ never runs ahead of an event; a crash between the two leaves the old state,
 and the next REST diff computes the same events again (same external ids:
 one row each).
 
+The row's `emotes` is `{emote id: [name, added at (unix ms) or null, actor
+id or null, renames (when not 0)]}`, and under the key `~` (no emote id has
+it; a reader of the emotes alone skips it, as its value is no list) what the
+state knows besides: `removed`, `[[emote id, added at or null], ...]` oldest
+first, and `seen`, `{emote id: the time of its last dispatch}`. Both are left
+out when empty, so a state without them reads as before.
+
 Durable when `save` returns True: the row, committed.
 """
 
@@ -21,10 +28,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from lumio_ingestd.db.pool import Cursor, Pool
-from lumio_ingestd.sources.seventv.protocol import Emotes, Entry, SetState
+from lumio_ingestd.sources.seventv.protocol import MAX_REMOVED, Emotes, Entry, SetState
 
 _LOAD = """
 SELECT emote_set_id, seventv_user_id, emotes, version FROM seventv_emote_sets WHERE account_id = %s
@@ -43,23 +51,47 @@ UPDATE seventv_emote_sets
 """
 
 
-def encode_emotes(emotes: Emotes) -> str:
+#: The key of what the state keeps beside the emotes (no emote id has it).
+META = "~"
+
+
+def encode_emotes(emotes: Emotes, removed: Mapping[str, int | None] | None = None) -> str:
     # The rename count only when there is one: a state without renames reads as before.
-    return json.dumps({k: [e.name, e.ts, e.actor_id, *([e.renames] if e.renames else [])]
-                       for k, e in sorted(emotes.items())}, ensure_ascii=False, separators=(",", ":"))
+    obj: dict[str, Any] = {k: [e.name, e.ts, e.actor_id, *([e.renames] if e.renames else [])]
+                           for k, e in sorted(emotes.items())}
+    meta: dict[str, Any] = {}
+    if removed:
+        meta["removed"] = [[k, ts] for k, ts in removed.items()]  # a list: jsonb keeps no key order
+    seen = {k: e.seen for k, e in sorted(emotes.items()) if e.seen is not None}
+    if seen:
+        meta["seen"] = seen
+    if meta:
+        obj[META] = meta
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def decode_emotes(obj: Any) -> dict[str, Entry]:
+def decode_emotes(obj: Any) -> tuple[dict[str, Entry], dict[str, int | None]]:
+    """(emotes, removed) of a stored `emotes` value; what does not fit is left out."""
     out: dict[str, Entry] = {}
+    removed: dict[str, int | None] = {}
     if not isinstance(obj, dict):
-        return out
+        return out, removed
+    meta = obj.get(META)
+    meta = meta if isinstance(meta, dict) else {}
+    seen = meta.get("seen")
+    seen = seen if isinstance(seen, dict) else {}
     for emote_id, value in obj.items():
         if isinstance(value, list) and len(value) in (3, 4) and isinstance(value[0], str):
             ts = value[1] if type(value[1]) is int else None
             actor = value[2] if isinstance(value[2], str) else None
             renames = value[3] if len(value) == 4 and type(value[3]) is int and value[3] >= 0 else 0
-            out[str(emote_id)] = Entry(value[0], ts, actor, renames)
-    return out
+            t = seen.get(emote_id)
+            out[str(emote_id)] = Entry(value[0], ts, actor, renames, t if type(t) is int else None)
+    items = meta.get("removed")
+    for item in items[-MAX_REMOVED:] if isinstance(items, list) else []:
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0] not in out:
+            removed[item[0]] = item[1] if type(item[1]) is int else None
+    return out, removed
 
 
 def load(cur: Cursor, account_id: int) -> SetState | None:
@@ -67,13 +99,14 @@ def load(cur: Cursor, account_id: int) -> SetState | None:
     row = cur.fetchone()
     if row is None:
         return None
-    set_id, user_id, emotes, version = row
-    return SetState(str(set_id), decode_emotes(emotes), int(version), user_id)
+    set_id, user_id, obj, version = row
+    emotes, removed = decode_emotes(obj)
+    return SetState(str(set_id), emotes, int(version), user_id, removed)
 
 
 def save(cur: Cursor, account_id: int, state: SetState, expected_version: int | None) -> bool:
     """Write `state` when the stored version is `expected_version` (None: no row yet)."""
-    encoded = encode_emotes(state.emotes)
+    encoded = encode_emotes(state.emotes, state.removed)
     if expected_version is None:
         cur.execute(_INSERT, (account_id, state.set_id, state.user_id, encoded, state.version))
     else:

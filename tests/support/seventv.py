@@ -92,6 +92,16 @@ class SevenTvRig:
         v = self.metrics.registry.get_sample_value(name, labels or None)
         return 0.0 if v is None else v
 
+    def total(self, name: str) -> float:
+        """A counter's samples summed over every label (`seventv_dispatches_total`: all handled)."""
+        return sum(s.value for m in self.metrics.registry.collect() for s in m.samples if s.name == name)
+
+    def healed(self, account: int) -> bool:
+        """The newest source holds the account with every subscription acked and no heal due."""
+        return any(f.account_id == account and not f.heal_due and f.subscriptions()
+                   and all(sub in sock.acked_subs for sub in f.subscriptions())
+                   for sock in self.sources[-1].sockets for f in sock.group)
+
     def close(self) -> None:
         for src in self.sources:
             src.request_stop()
@@ -123,9 +133,13 @@ class SevenTvRig:
         return Counter(r[0] for r in self.rows("SELECT external_id FROM events WHERE platform = 'seventv'"))
 
     def state(self, account_id: int) -> tuple[str, dict[str, Any], int] | None:
+        """(set id, {emote id: [name, ...]}, version); what the row keeps beside the emotes (its
+        values are not lists) is left out."""
         got = self.rows("SELECT emote_set_id, emotes, version FROM seventv_emote_sets WHERE account_id = %s",
                         (account_id,))
-        return (got[0][0], got[0][1], got[0][2]) if got else None
+        if not got:
+            return None
+        return got[0][0], {k: v for k, v in got[0][1].items() if isinstance(v, list)}, got[0][2]
 
 
 def make_rig(tmp_path: Path, pg_url: str, redis_url: str, standin: SevenTvStandin,

@@ -26,7 +26,8 @@ The data is changed the way a streamer changes it on the website
 made, then dispatched to the subscribers, unless `dispatch=False` or no
 connection is subscribed (the socket is down): the REST API shows it anyway.
 Connections are driven with `stop_heartbeats`, `send_raw`, `send_reconnect`
-(op 4), `end_of_stream` (op 7 then the close) and `close` (any code).
+(op 4), `end_of_stream` (op 7 then the close) and `close` (any code);
+`dispatch_frames` keeps every dispatch sent, for a test to send one again.
 
 The `websockets` sync server starts threads per connection; that is fine for
 a stand-in peer. Nothing durable here.
@@ -101,8 +102,11 @@ class SevenTvStandin(StandinServers):
         #: one every `trickle_byte_secs`, status line and headers included.
         self.trickle_paths: set[str] = set()
         self.trickle_byte_secs = 1.0
-        #: Keep every connection's inbound frames (a long-running demo turns it off).
+        #: Keep every connection's inbound frames and the dispatch frames sent (a long-running
+        #: demo turns it off).
         self.record_inbound = True
+        #: The dispatch frames sent, oldest first (a test sends one again, byte for byte).
+        self.dispatch_frames: list[str] = []
         self.dispatched = 0
         #: Answer every op 35 Subscribe with an op 6 Error and keep nothing (a welcomed session
         #: that never becomes a working one).
@@ -234,6 +238,9 @@ class SevenTvStandin(StandinServers):
     def dispatch(self, sub_type: str, object_id: str, body: Mapping[str, Any]) -> int:
         """Send a dispatch to every connection subscribed to (type, object id); how many got it."""
         frame = json.dumps({"op": 0, "t": self._now_ms(), "d": {"type": sub_type, "body": body}})
+        if self.record_inbound:
+            with self._lock:
+                self.dispatch_frames.append(frame)
         sent = 0
         for c in self.subscribers(sub_type, object_id):
             if self._send(c, frame):

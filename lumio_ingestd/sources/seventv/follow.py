@@ -11,7 +11,9 @@ socket's reader or its healer, see `busy`);
   or user that is not subscribed yet is not fetched: the heal ends there, due
   again, and the socket runs it once the server has acked the subscription.
 - `on_set_update(f, update)`: an `emote_set.update` dispatch, as a target
-  state, diffed with the stored state (a duplicate dispatch diffs empty).
+  state, diffed with the stored state (`judge_update`: a dispatch sent again
+  changes nothing; one that disagrees with the state stores nothing and
+  makes the account due for a heal, which stores what the API says).
 - `on_user_update(f, update)`: a switch of the active set away from the
   followed one: heal towards the new set (its difference becomes events).
 
@@ -52,11 +54,11 @@ from lumio_ingestd.sources.seventv.protocol import (
     SetState,
     SetUpdate,
     UserUpdate,
-    apply_update,
-    carry_renames,
+    carry_known,
     diff,
+    judge_update,
     ms_to_datetime,
-    stale_renames,
+    removed_after,
     to_event,
 )
 
@@ -223,7 +225,9 @@ class Follower:
             return True
         switched = base.set_id != set_id
         if not switched:
-            emotes = carry_renames(base.emotes, emotes)
+            emotes = carry_known(base.emotes, emotes)
+        # Another set's removals say nothing of this one.
+        removed = {} if switched else removed_after(base, emotes)
         changes = diff(base.emotes, emotes, compare_ts=not switched)
         if not changes and not switched and dict(base.emotes) == emotes and base.user_id == f.user_id:
             self.metrics.seventv_heals.labels("unchanged").inc()
@@ -237,7 +241,8 @@ class Follower:
             log.info("%s: account %d: %d change(s) in emote set %s found through the API",
                      self.name, f.account_id, len(changes), set_id)
         self.metrics.seventv_heals.labels("changed" if changes or switched else "unchanged").inc()
-        return self._apply(f, changes, SetState(set_id, emotes, base.version + 1, f.user_id), ctx)
+        return self._apply(f, changes, SetState(set_id, emotes, base.version + 1, f.user_id, removed),
+                           ctx)
 
     def _active_set(self, f: Followed) -> str | None:
         if f.pinned_set:
@@ -265,24 +270,28 @@ class Follower:
         if state.set_id != update.set_id:
             self.metrics.seventv_dispatches.labels("not_followed").inc()
             return
-        stale = stale_renames(state.emotes, update)
-        if stale:
-            # A rename from a name the emote no longer has: sent again after later changes, or
-            # one step of several this state missed. Not applied; a heal reads the name now.
+        judged = judge_update(state, update, t)
+        if judged.disagreements:
+            # Sent again after later changes, or one step of several this state missed: which,
+            # the dispatch cannot say. Nothing of it is applied; a heal reads the set now.
             self.metrics.seventv_dispatches.labels("stale").inc()
-            log.info("%s: account %d: rename of emote(s) %s from a name they no longer have: not "
+            log.info("%s: account %d: emote_set.update disagrees with the stored state (%s): not "
                      "applied; healing through the API", self.name, f.account_id,
-                     ", ".join(stale[:5]))
+                     "; ".join(judged.disagreements[:5]))
             f.heal_due = True
-        target = apply_update(state.emotes, update)
-        changes = diff(state.emotes, target)
+            return
+        changes = diff(state.emotes, judged.emotes)
         if not changes:
+            if judged.repeats:
+                log.debug("%s: account %d: emote_set.update repeats what is stored (%s)", self.name,
+                          f.account_id, "; ".join(judged.repeats[:5]))
             self.metrics.seventv_dispatches.labels("unchanged").inc()
             return
         self.metrics.seventv_dispatches.labels("applied").inc()
         at = ms_to_datetime(t) if t is not None else self._clock()
         ctx = Context(state.set_id, state.version, at, "eventapi", actor=update.actor)
-        self._apply(f, changes, SetState(state.set_id, target, state.version + 1, state.user_id), ctx)
+        self._apply(f, changes, SetState(state.set_id, judged.emotes, state.version + 1, state.user_id,
+                                         judged.removed), ctx)
 
     def on_user_update(self, f: Followed, update: UserUpdate) -> bool:
         """True when the followed set changes: the caller subscribes to the new set, then heals

@@ -11,21 +11,36 @@ daemon follows are read by `set_update()` (`emote_set.update`: `pushed`,
 the switch of a connection's active emote set).
 
 Mapping. The state of an emote set is `{emote id: Entry(name, added ms,
-actor)}` with a `version` that grows by one with every change set applied.
-Dispatches and REST snapshots go through the same two steps, so both paths
-see one change the same way: a target state (`apply_update()` for a
-dispatch; the REST set as it is), then `diff(stored, target)`, one `Change`
-per emote: `added`, `removed`, `renamed`, or removed + added when the emote
-was taken out and put back in between (its added time moved). `to_event()`
-makes the `events` row; its `external_id` is derived from (emote set, emote,
-change, the version of the stored state the change applies to, the names),
-so the dispatch of a change and the REST diff of the same change, computed
-against the same stored state, are one row. A rename's is derived from the
-emote alone (set, emote, when it was added, how often it was renamed before:
+actor, renames, seen)}` with a `version` that grows by one with every change
+set applied, and the emotes removed from it lately (`SetState.removed`: emote
+id -> the added time of what was removed). Dispatches and REST snapshots go
+through the same two steps, so both paths see one change the same way: a
+target state (`judge_update()` for a dispatch; the REST set as it is, with
+`carry_known()`), then `diff(stored, target)`, one `Change` per emote:
+`added`, `removed`, `renamed`, or removed + added when the emote was taken
+out and put back in between (its added time moved). `to_event()` makes the
+`events` row; its `external_id` is derived from (emote set, emote, change,
+the version of the stored state the change applies to, the names), so the
+dispatch of a change and the REST diff of the same change, computed against
+the same stored state, are one row. A rename's is derived from the emote
+alone (set, emote, when it was added, how often it was renamed before:
 `Entry.renames`, names), so a rename sent again after other changes to the
-set is the same row; one sent again after the emote was renamed further
-(its old name is not the emote's name any more) is not applied at all
-(`stale_renames`).
+set is the same row.
+
+7TV may send a dispatch again, byte for byte, after later changes.
+`judge_update()` reads each item against the state. One that says what the
+state already holds, or what it has gone past, is a repeat and changes
+nothing: an addition of an emote the state has from that addition or a
+later one, or removed after that addition; a removal of an emote removed
+already, or of an earlier addition; a rename to the emote's name now. Only a
+removal of the emote as the state has it, an addition of an emote the state
+has not, and a rename from the emote's name now change the state. An item
+that fits neither disagrees (a rename from another name; an addition of an
+emote the state holds from an earlier addition, its removal not seen; a
+change sent no later than the last change the state took for the emote):
+then nothing of the dispatch is applied, and a heal asks the REST API what
+is true. So a repeat never moves a name, an actor or a rename count, and one
+rename is counted once whichever path sees it.
 
 REST shapes (`GET /users/twitch/{id}`, `GET /users/{id}`,
 `GET /emote-sets/{id}`) are read by `twitch_user()`, `user_active_set()` and
@@ -251,6 +266,15 @@ class Entry:
     actor_id: str | None = None
     #: How often it was renamed in this set since it was added (a rename's identity).
     renames: int = 0
+    #: The time (envelope `t`, unix ms) of the last dispatch that added or renamed it here.
+    seen: int | None = None
+
+    @property
+    def last(self) -> int | None:
+        """The latest time known of a change to it (7TV's added time is on the dispatches' clock:
+        an addition's frame carries the same millisecond)."""
+        known = [x for x in (self.ts, self.seen) if x is not None]
+        return max(known) if known else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,9 +282,11 @@ class SetUpdate:
     set_id: str
     actor: Actor | None
     pushed: tuple[tuple[str, Entry], ...] = ()
-    pulled: tuple[str, ...] = ()
-    #: (emote id, new name, old name: None when the body does not say)
-    renamed: tuple[tuple[str, str, str | None], ...] = ()
+    #: (emote id, its name, its added time): None when the body does not say (7TV sends Go's zero
+    #: time for the added time of a removed emote).
+    pulled: tuple[tuple[str, str | None, int | None], ...] = ()
+    #: (emote id, new name, old name, added time): None when the body does not say.
+    renamed: tuple[tuple[str, str, str | None, int | None], ...] = ()
     #: Items refused inside an otherwise good body (reason per item), for the log.
     skipped: tuple[str, ...] = ()
 
@@ -324,8 +350,8 @@ def set_update(d: Dispatch) -> SetUpdate:
         raise BadFrame("bad_dispatch",
                        f"emote_set.update without a usable id ({str(d.body.get('id'))[:40]!r})")
     pushed: list[tuple[str, Entry]] = []
-    pulled: list[str] = []
-    renamed: list[tuple[str, str, str | None]] = []
+    pulled: list[tuple[str, str | None, int | None]] = []
+    renamed: list[tuple[str, str, str | None, int | None]] = []
     skipped: list[str] = []
     for item in _items(d.body, "pushed"):
         if item.get("key") != "emotes":
@@ -339,11 +365,12 @@ def set_update(d: Dispatch) -> SetUpdate:
         if item.get("key") != "emotes":
             continue
         old = item.get("old_value")
-        emote_id = _id(old.get("id")) if isinstance(old, dict) else None
-        if emote_id is None:
+        if not isinstance(old, dict) or (emote_id := _id(old.get("id"))) is None:
             skipped.append("pulled item without an emote id")
         else:
-            pulled.append(emote_id)
+            name = old.get("name")
+            pulled.append((emote_id, name[:MAX_NAME] if isinstance(name, str) and name else None,
+                           _ms(old.get("timestamp"))))
     for item in _items(d.body, "updated"):
         if item.get("key") != "emotes":
             continue
@@ -353,7 +380,7 @@ def set_update(d: Dispatch) -> SetUpdate:
         else:
             old_entry = _entry(item.get("old_value"))
             old_name = old_entry[1].name if old_entry is not None and old_entry[0] == got[0] else None
-            renamed.append((got[0], got[1].name, old_name))
+            renamed.append((got[0], got[1].name, old_name, got[1].ts))
     return SetUpdate(set_id, _actor(d.body.get("actor")), tuple(pushed), tuple(pulled),
                      tuple(renamed), tuple(skipped))
 
@@ -397,58 +424,151 @@ class SetState:
     emotes: Emotes
     version: int
     user_id: str | None = None
+    #: Emotes removed from the set lately, oldest first: emote id -> the added time (None:
+    #: unknown) of what was removed. What tells an addition sent again after the removal from
+    #: a new one; at most MAX_REMOVED.
+    removed: Mapping[str, int | None] = field(default_factory=dict)
 
 
-def stale_renames(emotes: Emotes, update: SetUpdate) -> list[str]:
-    """The emotes a dispatch renames from a name they no longer have, to one they do not have:
-    a rename sent again after later changes (or one this state has not seen the way to): not
-    applied; the REST API says what the name is now."""
-    after_push = dict(emotes)
-    for emote_id in update.pulled:
-        after_push.pop(emote_id, None)
+#: Removals remembered per set. 7TV repeats a dispatch soon (around a reconnect), not after
+#: hundreds of later removals from the same set.
+MAX_REMOVED = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """What a dispatch does to a state (`judge_update`)."""
+
+    #: The set and its removals after the dispatch (the state's own when something disagrees).
+    emotes: dict[str, Entry]
+    removed: dict[str, int | None]
+    #: Items that repeat what the state holds or has gone past: "emote id: what".
+    repeats: tuple[str, ...]
+    #: Items that disagree with the state: "emote id: why". Then nothing is applied.
+    disagreements: tuple[str, ...]
+
+
+def _remember(removed: dict[str, int | None], emote_id: str, ts: int | None) -> None:
+    removed.pop(emote_id, None)
+    removed[emote_id] = ts
+    while len(removed) > MAX_REMOVED:
+        del removed[next(iter(removed))]
+
+
+def judge_update(state: SetState, update: SetUpdate, t: int | None) -> Judged:
+    """The state after a dispatch sent at `t` (its envelope time; None: unknown): pulled out,
+    then pushed in, then renamed (the order in which one body's items can all hold), each item
+    read against the state as the earlier items of the body left it (module doc: repeats)."""
+    emotes, removed = dict(state.emotes), dict(state.removed)
+    #: Changed by an earlier item of this body: one change set, one time; not "sent before".
+    touched: set[str] = set()
+    pushed_here: set[str] = set()
+    repeats: list[str] = []
+    disagree: list[str] = []
+
+    def sent_before(emote_id: str, have: Entry) -> bool:
+        """The dispatch was sent no later than the last change the state took for the emote."""
+        last = have.last
+        return t is not None and last is not None and emote_id not in touched and t <= last
+
+    for emote_id, name, ts in update.pulled:
+        have = emotes.get(emote_id)
+        if have is None:
+            if emote_id in removed:
+                repeats.append(f"{emote_id}: removed already")
+            else:
+                disagree.append(f"{emote_id}: removal of an emote the set does not have")
+        elif ts is not None and have.ts is not None and ts != have.ts:
+            if ts < have.ts:
+                repeats.append(f"{emote_id}: removal of an earlier addition")
+            else:
+                disagree.append(f"{emote_id}: removal of a later addition than the set has")
+        elif name is not None and name != have.name:
+            disagree.append(f"{emote_id}: removal of {name!r}, the set has {have.name!r}")
+        elif sent_before(emote_id, have):
+            disagree.append(f"{emote_id}: removal sent before the emote's last change")
+        else:
+            del emotes[emote_id]
+            _remember(removed, emote_id, have.ts)
+            touched.add(emote_id)
     for emote_id, entry in update.pushed:
-        after_push.setdefault(emote_id, entry)
-    out: list[str] = []
-    for emote_id, name, old_name in update.renamed:
-        before = after_push.get(emote_id)
-        if before is not None and old_name is not None and before.name not in (old_name, name):
-            out.append(emote_id)
-    return out
+        have = emotes.get(emote_id)
+        if have is not None:
+            if entry.ts is not None and have.ts is not None:
+                if entry.ts <= have.ts:
+                    repeats.append(f"{emote_id}: added already")
+                else:
+                    disagree.append(f"{emote_id}: added again, the set has an earlier addition")
+            elif entry.name == have.name:
+                repeats.append(f"{emote_id}: added already")
+            else:
+                disagree.append(f"{emote_id}: added as {entry.name!r}, the set has {have.name!r}")
+            continue
+        if emote_id in removed:
+            gone_ts = removed[emote_id]
+            if entry.ts is None or gone_ts is None:
+                disagree.append(f"{emote_id}: added, and removed before: no time to tell which is later")
+                continue
+            if entry.ts <= gone_ts:
+                repeats.append(f"{emote_id}: removed since")
+                continue
+        emotes[emote_id] = Entry(entry.name, entry.ts, entry.actor_id, 0, t)
+        removed.pop(emote_id, None)
+        touched.add(emote_id)
+        pushed_here.add(emote_id)
+    for emote_id, name, old_name, ts in update.renamed:
+        have = emotes.get(emote_id)
+        if have is None:
+            gone_ts = removed.get(emote_id)
+            if ts is not None and gone_ts is not None and ts <= gone_ts:
+                repeats.append(f"{emote_id}: removed since")
+            else:
+                disagree.append(f"{emote_id}: rename of an emote the set does not have")
+        elif ts is not None and have.ts is not None and ts != have.ts:
+            if ts < have.ts:
+                repeats.append(f"{emote_id}: rename of an earlier addition")
+            else:
+                disagree.append(f"{emote_id}: rename of a later addition than the set has")
+        elif name == have.name:
+            repeats.append(f"{emote_id}: named {name!r} already")
+        elif old_name != have.name:
+            disagree.append(f"{emote_id}: rename from {old_name!r}, the set has {have.name!r}")
+        elif sent_before(emote_id, have):
+            disagree.append(f"{emote_id}: rename sent before the emote's last change")
+        else:
+            # Renamed in the body that added it: the addition's row carries the new name, and
+            # the count stays what a REST snapshot of the set would give.
+            renames = have.renames + (0 if emote_id in pushed_here else 1)
+            emotes[emote_id] = Entry(name, have.ts, have.actor_id, renames,
+                                     t if t is not None else have.seen)
+            touched.add(emote_id)
+    if disagree:
+        return Judged(dict(state.emotes), dict(state.removed), tuple(repeats), tuple(disagree))
+    return Judged(emotes, removed, tuple(repeats), ())
 
 
-def apply_update(emotes: Emotes, update: SetUpdate) -> dict[str, Entry]:
-    """The set after a dispatch: pulled out, then pushed in, then renamed (the order in which
-    one body's items can all hold). A stale rename (`stale_renames`) is left out."""
-    stale = set(stale_renames(emotes, update)) if update.renamed else set()
-    out = dict(emotes)
-    for emote_id in update.pulled:
-        out.pop(emote_id, None)
-    for emote_id, entry in update.pushed:
-        before = out.get(emote_id)
-        if before is not None and (entry.ts is None or entry.ts == before.ts):
-            # A repeated push of an emote already there (a duplicate dispatch) keeps
-            # what is known about it; only its name can move.
-            entry = Entry(entry.name, before.ts, before.actor_id, before.renames)
-        out[emote_id] = entry
-    for emote_id, name, _old in update.renamed:
-        before = out.get(emote_id)
-        if before is not None and emote_id not in stale and before.name != name:
-            out[emote_id] = Entry(name, before.ts, before.actor_id, before.renames + 1)
-    return out
-
-
-def carry_renames(old: Emotes, new: Emotes) -> dict[str, Entry]:
-    """`new` (a REST snapshot, which has no rename counts) with each emote's count from `old`:
-    the same emote, added at the same time, keeps its count, plus one when its name moved."""
+def carry_known(old: Emotes, new: Emotes) -> dict[str, Entry]:
+    """`new` (a REST snapshot, which has no rename counts nor dispatch times) with what `old`
+    knows of each emote: the same emote, added at the same time, keeps its count (plus one when
+    its name moved) and the time of its last dispatch."""
     out: dict[str, Entry] = {}
     for emote_id, entry in new.items():
         before = old.get(emote_id)
         if before is not None and (before.ts is None or entry.ts is None or before.ts == entry.ts):
             count = before.renames + (1 if before.name != entry.name else 0)
-            if count != entry.renames:
-                entry = Entry(entry.name, entry.ts, entry.actor_id, count)
+            entry = Entry(entry.name, entry.ts, entry.actor_id, count, before.seen)
         out[emote_id] = entry
     return out
+
+
+def removed_after(old: SetState, new: Emotes) -> dict[str, int | None]:
+    """The removals of `old`'s set once it is `new` (a REST snapshot of the same set): those of
+    `old`, then the emotes it had that `new` has not."""
+    removed = {k: v for k, v in old.removed.items() if k not in new}
+    for emote_id, entry in old.emotes.items():
+        if emote_id not in new:
+            _remember(removed, emote_id, entry.ts)
+    return removed
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,8 @@ from support.seventv import SevenTvRig, make_rig
 
 #: Who made the emote-set change, and how many frames of each outcome there are.
 ACTOR = "nerixyz" if CORPUS.recorded else SEVENTV["actor"]
+#: When the captured set's emote was added: before the capture's dispatch (its `t`: 2022-10-29).
+ADDED_BEFORE = 1667000000000
 OUTCOMES = (Counter({"Hello": 1, "Dispatch": 2, "refused:client_op": 2, "refused:legacy_v1": 7})
             if CORPUS.recorded else
             Counter({"Hello": 1, "Dispatch": 2, "refused:client_op": 2, "refused:legacy_v1": 3}))
@@ -77,12 +79,13 @@ def test_every_frame_decodes_or_is_refused_with_a_reason() -> None:
                 upd = set_update(frame)
                 assert upd.set_id == line["frame"]["d"]["body"]["id"]
                 assert [e for e, _ in upd.pushed] == [i["value"]["id"] for i in frame.body["pushed"]]
-                assert list(upd.pulled) == [i["old_value"]["id"] for i in frame.body["pulled"]]
+                # A pulled item's Go zero time is "unknown", not year 1.
+                assert list(upd.pulled) == [(i["old_value"]["id"], i["old_value"]["name"], None)
+                                            for i in frame.body["pulled"]]
                 assert list(upd.renamed) == [
-                    (i["value"]["id"], i["value"]["name"], i["old_value"]["name"])
+                    (i["value"]["id"], i["value"]["name"], i["old_value"]["name"], i["value"]["timestamp"])
                     for i in frame.body["updated"]]
                 assert upd.actor is not None and upd.actor.username == ACTOR
-                # A pulled item's Go zero time is "unknown", not year 1.
                 assert all(entry.ts is None or entry.ts > 0 for _, entry in upd.pushed)
             else:
                 assert frame.type == "user.update"
@@ -129,6 +132,8 @@ def test_every_frame_through_the_live_source(rig: SevenTvRig, corpus_ids: dict[s
     ids = corpus_ids
     assert ids["old_set"] == ids["set"]  # the capture switches away from the set it changed
     s.add_set(ids["set"], {ids["emote"]: ids["emote_name"]})
+    with s._lock:  # added before the capture took it out (the stand-in's clock says today)
+        s.sets[ids["set"]][ids["emote"]]["timestamp"] = ADDED_BEFORE
     s.add_set(ids["new_set"], {"01HEMOTE000000000000000077": "Okayge"})
     s.add_user(ids["user"], set_id=ids["set"])
     src = rig.source([Followed(5, user_id=ids["user"])])

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from lumio_ingestd.sources.seventv.protocol import (
+    MAX_REMOVED,
     Ack,
     BadFrame,
     BadResponse,
@@ -21,11 +22,14 @@ from lumio_ingestd.sources.seventv.protocol import (
     Heartbeat,
     Hello,
     Reconnect,
-    apply_update,
+    SetState,
+    carry_known,
     decode,
     diff,
     emote_set,
     external_id,
+    judge_update,
+    removed_after,
     resume,
     set_update,
     subscribe,
@@ -112,8 +116,8 @@ def test_set_update_reads_pushed_pulled_updated_and_skips_bad_items() -> None:
         "updated": [{"key": "emotes", "old_value": {"id": "E4", "name": "a"},
                      "value": {"id": "E4", "name": "b"}}]}))
     assert upd.pushed == (("E1", Entry("Clap", 1767000000000, "A1")),)
-    assert upd.pulled == ("E3",)
-    assert upd.renamed == (("E4", "b", "a"),)
+    assert upd.pulled == (("E3", "Old", None),)  # Go's zero time: unknown
+    assert upd.renamed == (("E4", "b", "a", None),)
     assert upd.actor is not None and upd.actor.username == "ann"
     assert len(upd.skipped) == 1
     with pytest.raises(BadFrame):
@@ -149,7 +153,123 @@ def test_a_duplicate_push_changes_nothing() -> None:
     emotes = {"E1": Entry("Clap", 5, "A1")}
     upd = set_update(dispatch({"id": SET, "pushed": [
         {"key": "emotes", "value": {"id": "E1", "name": "Clap"}}]}))
-    assert diff(emotes, apply_update(emotes, upd)) == []
+    judged = judge_update(SetState(SET, emotes, 1), upd, None)
+    assert diff(emotes, judged.emotes) == [] and judged.repeats and not judged.disagreements
+
+
+#: A set with E1 "A" (added at 100, renamed once, last dispatch at 150) and E9 removed (added at 50).
+JUDGED_STATE = SetState(SET, {"E1": Entry("A", 100, "U1", 1, 150)}, 3, removed={"E9": 50})
+
+
+def item(emote_id: str, name: str, ts: int | None) -> dict[str, Any]:
+    return {"id": emote_id, "name": name, **({"timestamp": ts} if ts is not None else {})}
+
+
+def pushed(emote_id: str, name: str, ts: int | None) -> dict[str, Any]:
+    return {"pushed": [{"key": "emotes", "value": item(emote_id, name, ts)}]}
+
+
+def pulled(emote_id: str, name: str, ts: int | None) -> dict[str, Any]:
+    """None: Go's zero time, as 7TV sends it."""
+    old = item(emote_id, name, ts if ts is not None else -62135596800000)
+    return {"pulled": [{"key": "emotes", "old_value": old}]}
+
+
+def updated(emote_id: str, old: str | None, new: str, ts: int | None) -> dict[str, Any]:
+    value = item(emote_id, new, ts)
+    return {"updated": [{"key": "emotes", "value": value,
+                         **({"old_value": dict(value, name=old)} if old is not None else {})}]}
+
+
+@pytest.mark.parametrize("body, t, verdict", [
+    # Additions: of the emote as the set has it, of an earlier addition, of a removed one.
+    (pushed("E1", "Z", 100), 300, "repeat"),  # its first name: renamed since
+    (pushed("E1", "A", 90), 300, "repeat"),
+    (pushed("E1", "A", 110), 300, "disagree"),  # added again: the removal in between missed
+    (pushed("E1", "A", None), 300, "repeat"),
+    (pushed("E1", "B", None), 300, "disagree"),
+    (pushed("E9", "Old", 50), 300, "repeat"),  # removed since
+    (pushed("E9", "Old", 40), 300, "repeat"),
+    (pushed("E9", "Old", 60), 300, "apply"),  # added anew
+    (pushed("E9", "Old", None), 300, "disagree"),
+    (pushed("E5", "New", 300), 300, "apply"),
+    # Removals.
+    (pulled("E1", "A", None), 300, "apply"),
+    (pulled("E1", "A", 100), 300, "apply"),
+    (pulled("E1", "A", 90), 300, "repeat"),  # of an earlier addition
+    (pulled("E1", "A", 110), 300, "disagree"),
+    (pulled("E1", "B", None), 300, "disagree"),
+    (pulled("E1", "A", None), 150, "disagree"),  # sent no later than its last rename
+    (pulled("E9", "Old", None), 300, "repeat"),
+    (pulled("E7", "Gone", None), 300, "disagree"),
+    # Renames.
+    (updated("E1", "A", "B", 100), 300, "apply"),
+    (updated("E1", "X", "A", 100), 300, "repeat"),  # its name now
+    (updated("E1", "X", "B", 100), 300, "disagree"),  # from another name
+    (updated("E1", None, "B", 100), 300, "disagree"),  # from an unknown name
+    (updated("E1", "A", "B", 100), 150, "disagree"),  # sent before its last rename
+    (updated("E1", "A", "B", 100), 120, "disagree"),
+    (updated("E1", "A", "B", None), None, "apply"),  # no times to go by
+    (updated("E1", "A", "B", 90), 300, "repeat"),  # of an earlier addition
+    (updated("E1", "A", "B", 110), 300, "disagree"),
+    (updated("E9", "Old", "New", 50), 300, "repeat"),  # removed since
+    (updated("E7", "Old", "New", 70), 300, "disagree"),
+])
+def test_judge_update_repeats_applies_or_disagrees(body: dict[str, Any], t: int | None, verdict: str) -> None:
+    upd = set_update(dispatch({"id": SET, **body}))
+    judged = judge_update(JUDGED_STATE, upd, t)
+    changes = diff(JUDGED_STATE.emotes, judged.emotes)
+    assert (verdict == "apply") == bool(changes)
+    assert (verdict == "repeat") == bool(judged.repeats)
+    assert (verdict == "disagree") == bool(judged.disagreements)
+    if verdict != "apply":
+        assert judged.emotes == JUDGED_STATE.emotes and judged.removed == JUDGED_STATE.removed
+
+
+def test_judge_update_keeps_counts_times_and_removals() -> None:
+    state = JUDGED_STATE
+    renamed = judge_update(state, set_update(dispatch({"id": SET, **updated("E1", "A", "B", 100)})), 300)
+    assert renamed.emotes["E1"] == Entry("B", 100, "U1", 2, 300)
+    removed = judge_update(state, set_update(dispatch({"id": SET, **pulled("E1", "A", None)})), 300)
+    assert removed.emotes == {} and list(removed.removed.items()) == [("E9", 50), ("E1", 100)]
+    back = judge_update(state, set_update(dispatch({"id": SET, **pushed("E9", "Old", 60)})), 300)
+    assert back.emotes["E9"] == Entry("Old", 60, None, 0, 300) and back.removed == {}
+    # One body that takes an emote out, puts it back and renames it (7TV's own capture): removed
+    # and added, no rename counted (a REST snapshot of the set would not count one either).
+    body = {**pulled("E1", "A", None), **pushed("E1", "Tmp", 300), **updated("E1", "Tmp", "C", 300)}
+    judged = judge_update(state, set_update(dispatch({"id": SET, **body})), 300)
+    assert judged.emotes["E1"] == Entry("C", 300, None, 0, 300)
+    assert [c.kind for c in diff(state.emotes, judged.emotes)] == ["removed", "added"]
+    # One item that disagrees: nothing of the body, not even its good items.
+    body = {**pushed("E5", "New", 300), **updated("E1", "X", "B", 100)}
+    judged = judge_update(state, set_update(dispatch({"id": SET, **body})), 300)
+    assert judged.emotes == state.emotes and len(judged.disagreements) == 1
+
+
+def test_removals_are_bounded_oldest_first() -> None:
+    emotes = {f"E{i}": Entry(f"n{i}", i + 1) for i in range(MAX_REMOVED + 3)}
+    state = SetState(SET, emotes, 1)
+    rest = removed_after(state, {})
+    assert len(rest) == MAX_REMOVED and next(iter(rest)) == "E3"
+    # An emote back in the set is no longer a removal.
+    assert "E5" not in removed_after(SetState(SET, {}, 2, removed=rest), {"E5": Entry("n5", 99)})
+
+
+def test_a_push_sent_again_after_a_rename_is_one_rename_by_dispatch_and_by_rest() -> None:
+    """The sequence that once renamed back: E1 "A" pushed, renamed A -> B, the push again."""
+    start = SetState(SET, {}, 1)
+    push = set_update(dispatch({"id": SET, **pushed("E1", "A", 100)}))
+    added = judge_update(start, push, 100)
+    after_add = SetState(SET, added.emotes, 2)
+    rename = set_update(dispatch({"id": SET, **updated("E1", "A", "B", 100)}))
+    by_dispatch = judge_update(after_add, rename, 200)
+    by_rest = carry_known(after_add.emotes, {"E1": Entry("B", 100)})
+    assert [external_id(SET, c, 2) for c in diff(after_add.emotes, by_dispatch.emotes)] == \
+        [external_id(SET, c, 2) for c in diff(after_add.emotes, by_rest)]
+    assert by_dispatch.emotes["E1"].renames == by_rest["E1"].renames == 1
+    after_rename = SetState(SET, by_dispatch.emotes, 3)
+    again = judge_update(after_rename, push, 100)
+    assert diff(after_rename.emotes, again.emotes) == [] and again.repeats
 
 
 def test_dispatch_and_rest_diff_of_one_change_give_one_external_id() -> None:
@@ -158,7 +278,7 @@ def test_dispatch_and_rest_diff_of_one_change_give_one_external_id() -> None:
         {"key": "emotes", "value": {"id": "E3", "name": "Wave", "timestamp": 7}}], "updated": [
         {"key": "emotes", "old_value": {"id": "E1", "name": "Clap"},
          "value": {"id": "E1", "name": "Clap2"}}]}))
-    by_dispatch = diff(stored, apply_update(stored, upd))
+    by_dispatch = diff(stored, judge_update(SetState(SET, stored, 4), upd, 8).emotes)
     rest_snapshot = {"E1": Entry("Clap2", 5), "E2": Entry("KEKW", 6), "E3": Entry("Wave", 7)}
     by_rest = diff(stored, rest_snapshot)
     assert [external_id(SET, c, 4) for c in by_dispatch] == [external_id(SET, c, 4) for c in by_rest]

@@ -56,14 +56,7 @@ def ready(rig: SevenTvRig, set_id: str = SET_A, account: int = 7, n_conn: int = 
     assert s.wait_for(lambda: s.subscribed("emote_set.update", set_id) and s.subscribed("user.update", USER)
                       and len(s.connections) >= n_conn), [c.subs for c in s.connections]
     assert wait_until(lambda: (st := rig.state(account)) is not None and st[0] == set_id, 10)
-    assert wait_until(lambda: healed(rig, account), 10)
-
-
-def healed(rig: SevenTvRig, account: int) -> bool:
-    """The newest source holds the account with every subscription acked and no heal due."""
-    return any(f.account_id == account and not f.heal_due and f.subscriptions()
-               and all(sub in sock.acked_subs for sub in f.subscriptions())
-               for sock in rig.sources[-1].sockets for f in sock.group)
+    assert wait_until(lambda: rig.healed(account), 10)
 
 
 def settle(rig: SevenTvRig, n: int) -> None:
@@ -512,14 +505,14 @@ def test_a_smaller_limit_on_reconnect_moves_accounts_to_another_socket(rig: Seve
     src = rig.source([Followed(7, twitch_user_id=TWITCH), Followed(8, twitch_user_id="1002")])
     assert s.wait_for(lambda: s.subscribed("emote_set.update", SET_A)
                       and s.subscribed("emote_set.update", SET_B), 5)
-    assert wait_until(lambda: healed(rig, 7) and healed(rig, 8), 10)  # both baselines stored
+    assert wait_until(lambda: rig.healed(7) and rig.healed(8), 10)  # both baselines stored
     assert len(src.sockets) == 1
     s.subscription_limit = 2
     s.close_connection(s.open_connections()[0], 4012, "lifetime")
     assert s.wait_for(lambda: len(s.open_connections()) == 2 and s.subscribed("emote_set.update", SET_A)
                       and s.subscribed("emote_set.update", SET_B), 5)
     assert len(src.sockets) == 2 and all(c.max_subs <= 2 for c in s.connections[1:])
-    assert wait_until(lambda: healed(rig, 7) and healed(rig, 8), 10)
+    assert wait_until(lambda: rig.healed(7) and rig.healed(8), 10)
     s.add_emote(SET_A, E3, "Clap")
     s.add_emote(SET_B, E4, "Wave")
     settle(rig, 2)
