@@ -465,9 +465,10 @@ def _render_daemon(o: _Out, d: dict[str, Any], now: str) -> None:
         for h in s.get("held_elsewhere", []):
             holder = f"session {h['session_id']}" if h["session_id"] else "an unlisted holder"
             o.add(f"      held elsewhere (account {h['account'] if h['account'] is not None else '?'}): "
-                  f"{_cut(h['subscription'], 40)} by {_cut(holder, 40)}")
-            o.add(f"        {'ours, live' if h['ours'] else 'not ours'}, {_cut(h['status'], 24)}: "
-                  f"{_cut(h['why'], 70)}")
+                  f"{_cut(h['subscription'], 60)}")
+            o.add(f"        by {_cut(holder, 60)} ({'ours, live' if h['ours'] else 'not ours'}, "
+                  f"{_cut(h['status'], 24)})")
+            o.add(f"        {_cut(h['why'], 90)}")
 
 
 def _render_redis(o: _Out, r: dict[str, Any]) -> None:

@@ -147,9 +147,9 @@ def test_a_session_holding_none_of_its_own_is_never_healthy_and_status_names_the
                                         workers=[src]))
     shown = subprocess.run([sys.executable, "-m", "lumio_ingestd", "-c", str(rig.cfg.path), "status"],
                            capture_output=True, text=True, timeout=60, cwd=support.ROOT)
-    assert f"held elsewhere (account 42): {CHAT} by session {s1.id}" in shown.stdout, (
-        shown.stdout + shown.stderr)
-    assert "not ours" in shown.stdout
+    assert f"held elsewhere (account 42): {CHAT}\n        by session {s1.id} (not ours, enabled)" in (
+        shown.stdout), shown.stdout + shown.stderr
+    assert "its orphan could not be deleted (500: forced 500)" in shown.stdout
 
     # Twitch lets the deletes through again: the next session takes them back and is healthy.
     fake.eventsub_faults.clear()
