@@ -25,9 +25,10 @@ new session, inside the window Twitch gives after the welcome:
 3. Once the listing is known, the orphans of the types still to come are
    deleted before their POST, which then succeeds at once.
 
-What could not be taken back (a holder that is ours, a webhook, a DELETE or
-POST that failed, the window over) is reported as held elsewhere, with the
-session that holds it, for `lumio-ingestd status`. Counted in
+What could not be taken back (a holder that is ours, a webhook, a DELETE
+that failed or found no time left in the window, a 409 again after it, a 409
+nobody is listed for) is reported as held elsewhere, with the session that
+holds it and why, for `lumio-ingestd status`. Counted in
 `source_subscriptions_total{platform="twitch",result}` (`ok`, `exists`,
 `orphan_replaced`, `failed`, `late`). Nothing durable here: subscriptions
 live at Twitch.
