@@ -159,8 +159,10 @@ class Metrics:
             "source_revocations", "Platform subscriptions revoked by the platform, by status",
             ["platform", "status"], registry=r)
         self.source_subscriptions = Counter(
-            "source_subscriptions", "Platform subscription requests, by result (ok, exists, "
-            "failed: refused, late, retried: a refused one asked again)", ["platform", "result"],
+            "source_subscriptions", "Platform subscription requests, by result (ok, exists: held "
+            "already by this or another live connection of ours, orphan_replaced: taken back from "
+            "a connection lost without a clean close, failed: refused, late, retried: a refused "
+            "one asked again)", ["platform", "result"],
             registry=r)
         self.source_token_refreshes = Counter(
             "source_token_refreshes", "OAuth token refreshes, by result", ["platform", "result"],

@@ -302,6 +302,21 @@ def spool_section(cfg: Config, now: float) -> dict[str, Any]:
             "held_by_pid": info.holder_pid, "problems": list(info.problems)}
 
 
+def _held_elsewhere(value: object) -> list[dict[str, Any]]:
+    """A source's subscriptions held by another connection (sources/base.py `held_elsewhere`),
+    each field as what it should be or None."""
+    out: list[dict[str, Any]] = []
+    for h in value if isinstance(value, list) else ():
+        if not isinstance(h, dict):
+            continue
+        account = h.get("account")
+        text = {k: v[:200] if isinstance(v, str) else None for k, v in (
+            (key, h.get(key)) for key in ("subscription", "session_id", "status", "why"))}
+        out.append({"account": account if isinstance(account, int) and not isinstance(account, bool)
+                    else None, **text, "ours": h.get("ours") is True})
+    return out
+
+
 def _daemon(cfg: Config, now: float) -> dict[str, Any]:
     path = snapshot_path(cfg.daemon.state_dir)
     doc, problem = read_snapshot(path)
@@ -334,7 +349,8 @@ def _daemon(cfg: Config, now: float) -> dict[str, Any]:
             "disconnects": _count(s.get("disconnects")),
             "subscribe_refusals": _count(s.get("subscribe_refusals")),
             "unsubscribed": [{"channel": str(k), "error": str(v)} for k, v in (
-                s["unsubscribed"].items() if isinstance(s.get("unsubscribed"), dict) else ())]})
+                s["unsubscribed"].items() if isinstance(s.get("unsubscribed"), dict) else ())],
+            "held_elsewhere": _held_elsewhere(s.get("held_elsewhere"))})
     pid = doc.get("pid")
     out.update({"running": running, "instance": doc.get("instance"),
                 "pid": pid if 0 < _count(pid) < 1 << 31 else None,
@@ -446,6 +462,13 @@ def _render_daemon(o: _Out, d: dict[str, Any], now: str) -> None:
             o.add(f"      not subscribed: {_cut(u['channel'], 50)} (retrying; "
                   f"{s['subscribe_refusals']} refusals so far)")
             o.add(f"        refused with: {_cut(u['error'], 80)}")
+        for h in s.get("held_elsewhere", []):
+            holder = f"session {h['session_id']}" if h["session_id"] else "an unlisted holder"
+            o.add(f"      held elsewhere (account {h['account'] if h['account'] is not None else '?'}): "
+                  f"{_cut(h['subscription'], 60)}")
+            o.add(f"        by {_cut(holder, 60)} ({'ours, live' if h['ours'] else 'not ours'}, "
+                  f"{_cut(h['status'], 24)})")
+            o.add(f"        {_cut(h['why'], 90)}")
 
 
 def _render_redis(o: _Out, r: dict[str, Any]) -> None:

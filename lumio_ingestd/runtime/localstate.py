@@ -22,7 +22,9 @@ Format (`"v": 1`)::
                   "since": UNIX, "last_connect": UNIX|null, "last_error": "..."|null,
                   "last_error_at": UNIX|null, "connects": N, "reconnects": N,
                   "connect_failures": N, "disconnects": N, "subscribe_refusals": N,
-                  "unsubscribed": {"channel": "the platform's refusal", ...}}],
+                  "unsubscribed": {"channel": "the platform's refusal", ...},
+                  "held_elsewhere": [{"account": N, "subscription": "...", "session_id": "...",
+                                      "status": "...", "ours": false, "why": "..."}]}],
      "workers": [{"name": "...", "alive": true, "healthy": true}]}
 
 Nothing here is durable in the sense of the data path: losing the file loses

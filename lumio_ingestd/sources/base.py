@@ -29,7 +29,8 @@ type never subscribed) is counted and said, never stored under the account.
 
 Every source keeps a `SourceState`: its connection state (connecting,
 connected, backoff, stopped), when it last connected, its last error and how
-often it connected, failed and lost the connection. The source's thread writes
+often it connected, failed and lost the connection, and the subscriptions the
+platform refused or says another connection holds. The source's thread writes
 it; the daemon's status snapshot (`runtime/localstate.py`) reads it from the main
 thread, so it is guarded by a lock. The `source_state{platform,state}` gauge
 counts the sources in each state.
@@ -130,6 +131,8 @@ class SourceState:
         self._subscribe_refusals = 0
         #: Channels (topics, ...) the platform refused to subscribe on this connection, and why.
         self._unsubscribed: dict[str, str] = {}
+        #: Subscriptions the platform says another connection holds (JSON-ready records).
+        self._held_elsewhere: list[dict[str, Any]] = []
         metrics.source_state.labels(platform, self._state).inc()
 
     def _move(self, state: str) -> None:
@@ -184,6 +187,12 @@ class SourceState:
             else:
                 self._unsubscribed.pop(channel[:120], None)
 
+    def held_elsewhere(self, held: list[dict[str, Any]]) -> None:
+        """What the last subscribe pass found held by another connection (replaces the last
+        list; empty: nothing). Each record is JSON-ready: what, by whom, why."""
+        with self._lock:
+            self._held_elsewhere = [dict(h) for h in held]
+
     def _error(self, error: str) -> None:
         self._last_error = " ".join(error.split())[:_MAX_ERROR_CHARS]
         self._last_error_at = self._clock()
@@ -210,6 +219,7 @@ class SourceState:
                 "connect_failures": self._failures, "disconnects": self._disconnects,
                 "subscribe_refusals": self._subscribe_refusals,
                 "unsubscribed": dict(self._unsubscribed),
+                "held_elsewhere": [dict(h) for h in self._held_elsewhere],
             }
 
 

@@ -60,7 +60,10 @@ SCHEMA: dict[str, Any] = {
                      "last_connect": OPT_STR, "last_error": OPT_STR, "last_error_at": OPT_STR,
                      "connects": int, "reconnects": int, "connect_failures": int,
                      "disconnects": int, "subscribe_refusals": int,
-                     "unsubscribed": [{"channel": str, "error": str}]}],
+                     "unsubscribed": [{"channel": str, "error": str}],
+                     "held_elsewhere": [{"account": OPT_INT, "subscription": OPT_STR,
+                                         "session_id": OPT_STR, "status": OPT_STR, "ours": bool,
+                                         "why": OPT_STR}]}],
         "workers": [{"name": OPT_STR, "alive": bool, "healthy": bool}],
     },
     "redis": {

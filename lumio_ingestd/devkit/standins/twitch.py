@@ -25,6 +25,28 @@ document, over real sockets:
   Twitch: "websocket transport session does not exist or has already
   disconnected"); 202 with the subscription, 409 for a repeat on the same
   session; `helix_delay_secs` and `helix_status` inject slowness and errors.
+- Helix `GET {helix_url}/eventsub/subscriptions` with at most one filter
+  (`status`, `type`, `user_id`: any condition value, `subscription_id`) and
+  `after=CURSOR`: `{"data": [{id, status, type, version, condition,
+  created_at, transport{method, session_id, connected_at, disconnected_at},
+  cost}], "total", "total_cost", "max_total_cost", "pagination": {"cursor"}}`,
+  `helix_page_size` a page (100); the subscriptions of a session that ended
+  are listed `websocket_disconnected` with `disconnected_at`. `DELETE
+  {helix_url}/eventsub/subscriptions?id=ID`: 204, 404 for an unknown id.
+  `eventsub_faults` makes the next answers of a method an error status;
+  `eventsub_requests` records every request to the endpoint.
+- Orphans (`orphan_secs`, None by default): as Twitch does, a session whose
+  socket died without a clean close (`cut()`: the TCP connection dropped,
+  no close frame either way; `black_hole()`: nothing gets through any more,
+  and the client's own close never arrives) keeps its subscriptions enabled
+  for `orphan_secs`. Meanwhile a POST of the same type, version and
+  condition by any session is refused with 409, the listing shows the
+  orphan `enabled`, and `notify()` sends the type's notifications to the
+  dead session: nobody receives them (their ids go to `undelivered`).
+  Deleting the orphan's subscription frees it at once. A session closed
+  with a close frame (either way) gives its subscriptions up at once. With
+  `orphan_secs` None a subscription ends with its session however the
+  socket ended, and only a repeat on the same session is a 409.
 - Helix `GET {helix_url}/channels/followers?broadcaster_id=ID&first=N&after=C`
   (the user token and `Client-Id`): the channel's followers newest first,
   `{"data": [{user_id, user_login, user_name, followed_at}], "total": N,
@@ -48,7 +70,7 @@ document, over real sockets:
   request.
 
 Callers drive it with `notify()`, `send_raw()`, `send_bulk()` (load), `reconnect()`, `revoke()`,
-`close_session()`, `set_keepalive()` and `expire_access_token()`, and read
+`close_session()`, `cut()`, `black_hole()`, `set_keepalive()` and `expire_access_token()`, and read
 what happened from `sessions`, `subscriptions`, `inbound` and the counters.
 Several broadcasters may connect at once (one session each); `notify(...,
 broadcaster=ID)` sends to the session subscribed for that broadcaster. One
@@ -63,8 +85,11 @@ not). Nothing durable here.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
 import json
+import socket
 import sys
 import threading
 import time
@@ -124,6 +149,12 @@ class StandinSession:
     closed_at: float | None = None
     reconnect_sent_at: float | None = None
     handed_over: bool = False  # the new session's welcome went out: no more notifications here
+    connected_at: str = field(default_factory=now_text)
+    disconnected_at: str | None = None  # RFC 3339, once the socket ended
+    #: Monotonic time the socket died without a clean close (with `orphan_secs` set): its
+    #: subscriptions stay enabled `orphan_secs` longer.
+    orphaned_at: float | None = None
+    black_holed: bool = False  # nothing gets through either way (`black_hole()`)
     last_sent: float = field(default_factory=time.monotonic)
     sent: list[str] = field(default_factory=list)  # message ids of notifications sent here
     pongs: int = 0
@@ -148,7 +179,7 @@ class TwitchStandin(StandinServers):
                  refresh_token: str = "refresh-0", subscribe_window_secs: float = 10.0,
                  min_keepalive: int = 10, ping_interval_secs: float | None = None,
                  pong_timeout_secs: float = 5.0, reconnect_grace_secs: float = 30.0,
-                 reconnect_welcome_delay_secs: float = 0.0) -> None:
+                 reconnect_welcome_delay_secs: float = 0.0, orphan_secs: float | None = None) -> None:
         super().__init__("twitch", lock=threading.Lock(), http_handler=_http_handler(self),
                          http_server=_HttpServer, loops=[("timers", self._timers)], wait_poll_secs=0.1)
         self.client_id = client_id
@@ -162,6 +193,12 @@ class TwitchStandin(StandinServers):
         self.pong_timeout_secs = pong_timeout_secs
         self.reconnect_grace_secs = reconnect_grace_secs
         self.reconnect_welcome_delay_secs = reconnect_welcome_delay_secs
+        self.orphan_secs = orphan_secs
+        self.helix_page_size = 100
+        #: Method -> statuses the next requests to /eventsub/subscriptions answer instead.
+        self.eventsub_faults: dict[str, list[int]] = {}
+        self.eventsub_requests: list[tuple[str, int]] = []  # (method, status)
+        self.undelivered: list[str] = []  # notifications Twitch sent to a dead session
         #: Keep every notification's message id in its session's `sent` (tests read it; a
         #: long-running demo turns it off, or the list grows without end).
         self.record_sent = True
@@ -253,7 +290,8 @@ class TwitchStandin(StandinServers):
         self._send(session, {
             "metadata": self._metadata("session_welcome"),
             "payload": {"session": {"id": session.id, "status": "connected",
-                                    "connected_at": now_text(), "keepalive_timeout_seconds": keepalive,
+                                    "connected_at": session.connected_at,
+                                    "keepalive_timeout_seconds": keepalive,
                                     "reconnect_url": None}}})
         session.welcomed_at = time.monotonic()
         if old is not None:
@@ -265,15 +303,27 @@ class TwitchStandin(StandinServers):
                     data = conn.recv(timeout=0.1)
                 except TimeoutError:
                     continue
+                if session.black_holed:
+                    continue  # it never reaches Twitch
                 self.inbound.append((session.id, data))
                 self.close_session(session, 4001, "client sent inbound traffic")
         except ConnectionClosed:
             pass
         finally:
+            self._ended(session)
+
+    def _ended(self, session: StandinSession) -> None:
+        """The session's socket is gone. Unless the stand-in closed it (`close_session`), it is an
+        orphan when no close frame of the client's reached Twitch (with `orphan_secs` set)."""
+        with session.lock:
             if not session.closed.is_set():
                 session.closed_at = time.monotonic()
+                clean = session.conn.protocol.close_rcvd is not None and not session.black_holed
+                if not clean and self.orphan_secs is not None:
+                    session.orphaned_at = session.closed_at
+                session.disconnected_at = now_text()
                 session.closed.set()
-            self._notify()
+        self._notify()
 
     def _metadata(self, message_type: str, *, message_id: str | None = None,
                   sub_type: str | None = None, version: str = "1",
@@ -291,6 +341,8 @@ class TwitchStandin(StandinServers):
         with session.lock:
             if session.closed.is_set():
                 return False
+            if session.black_holed:
+                return True  # sent, as far as Twitch knows; it never arrives
             try:
                 session.conn.send(data, text=text)
             except ConnectionClosed:
@@ -306,8 +358,8 @@ class TwitchStandin(StandinServers):
             with self._lock:
                 sessions = [s for s in self.sessions if s.open]
             for s in sessions:
-                if s.welcomed_at is None:
-                    continue
+                if s.welcomed_at is None or s.black_holed:
+                    continue  # a black hole: Twitch has not noticed, and nothing would arrive
                 if not s.subscriptions and now - s.welcomed_at > self.subscribe_window_secs:
                     self.close_session(s, 4003, "connection unused")
                     continue
@@ -343,19 +395,48 @@ class TwitchStandin(StandinServers):
                     return s
         return None
 
+    def holder(self, sub_type: str, broadcaster: str | None = None) -> StandinSession | None:
+        """The session holding an enabled subscription of this type (for this broadcaster):
+        `active_session`, or with `orphan_secs` set an orphan whose socket is gone."""
+        if self.orphan_secs is None:
+            return self.active_session(sub_type, broadcaster)
+        now = time.monotonic()
+        with self._lock:
+            for s in reversed(self.sessions):
+                if self._holds(s, now) and sub_type in s.subscriptions and (
+                        broadcaster is None or _broadcaster_of(s.subscriptions[sub_type]) == broadcaster):
+                    return s
+        return None
+
+    def _holds(self, session: StandinSession, now: float) -> bool:
+        """Whether Twitch takes the session's subscriptions as enabled at `now`."""
+        if session.handed_over:
+            return False  # they moved to the session it handed over to
+        if session.open:
+            return True
+        return (session.orphaned_at is not None and self.orphan_secs is not None
+                and now - session.orphaned_at < self.orphan_secs)
+
     def notify(self, sub_type: str, event: Mapping[str, Any], *, session: StandinSession | None = None,
                broadcaster: str | None = None, message_id: str | None = None,
                timestamp: str | None = None, version: str = "1") -> str:
         """Send one notification; returns its message id. Raises StandinError when it did not go out.
 
         The session is `session`, else the one Twitch would use for this type
-        (and for `broadcaster`, when given)."""
-        target = session or self.active_session(sub_type, broadcaster)
+        (and for `broadcaster`, when given): with `orphan_secs` set that may be
+        an orphan or a black-holed session, and then the notification goes
+        nowhere (its id is added to `undelivered`)."""
+        target = session or self.holder(sub_type, broadcaster)
         if target is None:
             raise StandinError(f"no open session subscribed to {sub_type}"
                                + (f" for broadcaster {broadcaster}" if broadcaster else ""))
         frame = self.notification(target, sub_type, event, message_id=message_id, timestamp=timestamp,
                                   version=version)
+        if target.black_holed or (target.orphaned_at is not None and not target.open):
+            lost = str(frame["metadata"]["message_id"])
+            with self._lock:
+                self.undelivered.append(lost)
+            return lost
         if not self._send(target, frame):
             raise StandinError(f"session {target.id} is closed")
         message_id = str(frame["metadata"]["message_id"])
@@ -455,7 +536,7 @@ class TwitchStandin(StandinServers):
         """
         sent = 0
         with session.lock:
-            if session.closed.is_set():
+            if session.closed.is_set() or session.black_holed:
                 return 0
             buffer: list[bytes] = []
             size = 0
@@ -508,12 +589,29 @@ class TwitchStandin(StandinServers):
                 return
             session.close_code = code
             session.closed_at = time.monotonic()
+            session.disconnected_at = now_text()
             session.closed.set()
         try:
             session.conn.close(code, reason)
         except ConnectionClosed:
             pass
         self._notify()
+
+    def cut(self, session: StandinSession) -> None:
+        """The TCP connection dies without a close frame either way (a dropped route, a reset):
+        the client reads the end of the stream; Twitch never saw a close."""
+        try:
+            session.conn.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # gone already
+        self.wait_for(lambda: session.closed.is_set(), 5)
+
+    def black_hole(self, session: StandinSession) -> None:
+        """From now on nothing gets through either way, and the TCP connection stays up: the
+        client hears nothing (its keepalive timer ends it), and Twitch neither sends it
+        anything nor sees its close frame."""
+        with session.lock:
+            session.black_holed = True
 
     def expire_access_token(self) -> None:
         """The current access token stops working (validate and Helix answer 401)."""
@@ -592,13 +690,15 @@ class TwitchStandin(StandinServers):
         return 200, {"data": data + list(self.streams_extra), "pagination": {}}
 
 
+    def _record(self, method: str, status: int) -> None:
+        with self._lock:
+            self.eventsub_requests.append((method, status))
+        self._notify()
+
     def _helix_subscribe(self, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
-        if self.helix_delay_secs:
-            self._stop.wait(self.helix_delay_secs)  # a slow Helix, on purpose
-        if headers.get("client-id") != self.client_id:
-            return 401, {"error": "Unauthorized", "status": 401, "message": "Client-Id header required"}
-        if headers.get("authorization") != f"Bearer {self.access_token}":
-            return 401, {"error": "Unauthorized", "status": 401, "message": "Invalid OAuth token"}
+        refused = self._eventsub_auth("POST", headers)
+        if refused is not None:
+            return refused
         try:
             req = json.loads(body)
             sub_type, version = req["type"], req["version"]
@@ -622,19 +722,118 @@ class TwitchStandin(StandinServers):
         if session is None or not session.open:
             return 400, {"error": "Bad Request", "status": 400, "message":
                          "websocket transport session does not exist or has already disconnected"}
-        if sub_type in session.subscriptions:
-            return 409, {"error": "Conflict", "status": 409, "message": "subscription already exists"}
         created = {"id": str(uuid.uuid4()), "status": "enabled", "type": sub_type, "version": version,
                    "condition": condition, "created_at": now_text(), "cost": 0,
                    "transport": {"method": "websocket", "session_id": session.id,
-                                 "connected_at": now_text()}}
-        session.subscriptions[sub_type] = created
-        elapsed = time.monotonic() - (session.welcomed_at or session.opened_at)
-        with self._lock:
+                                 "connected_at": session.connected_at}}
+        with self._lock:  # checked and taken at once: two sessions asking together get one 409
+            if self._conflict(session, sub_type, version, condition):
+                return 409, {"error": "Conflict", "status": 409, "message": "subscription already exists"}
+            session.subscriptions[sub_type] = created
+            elapsed = time.monotonic() - (session.welcomed_at or session.opened_at)
             self.subscriptions.append({**created, "elapsed": elapsed})
         self._notify()
         return 202, {"data": [created], "total": len(session.subscriptions), "total_cost": 0,
                      "max_total_cost": 10}
+
+    def _conflict(self, session: StandinSession, sub_type: str, version: str,
+                  condition: Mapping[str, Any]) -> bool:
+        """409: a repeat on the same session; with `orphan_secs` set, any enabled subscription
+        of that type, version and condition, whichever session holds it. The caller holds the lock."""
+        if sub_type in session.subscriptions:
+            return True
+        if self.orphan_secs is None:
+            return False
+        now = time.monotonic()
+        return any(self._holds(s, now) and sub.get("version") == version
+                   and sub.get("condition") == condition
+                   for s in self.sessions for t, sub in s.subscriptions.items() if t == sub_type)
+
+    def listed_subscriptions(self) -> list[dict[str, Any]]:
+        """Every subscription as the listing shows it, the oldest first: each once (a hand-off
+        moves it to the new session), `enabled` while its session holds it, else
+        `websocket_disconnected` with the time its session ended."""
+        now = time.monotonic()
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        with self._lock:
+            for s in self.sessions:
+                if s.handed_over:
+                    continue
+                enabled = self._holds(s, now)
+                for sub in s.subscriptions.values():
+                    if sub["id"] in seen:
+                        continue
+                    seen.add(sub["id"])
+                    item = {**sub, "transport": dict(sub["transport"])}
+                    if not enabled:
+                        item["status"] = "websocket_disconnected"
+                        item["transport"]["disconnected_at"] = s.disconnected_at
+                    out.append(item)
+        return out
+
+    def _eventsub_auth(self, method: str, headers: Mapping[str, str]) -> tuple[int, dict[str, Any]] | None:
+        """A forced fault or an authentication failure of /eventsub/subscriptions, else None."""
+        if self.helix_delay_secs:
+            self._stop.wait(self.helix_delay_secs)  # a slow Helix, on purpose
+        with self._lock:
+            faults = self.eventsub_faults.get(method)
+            fault = faults.pop(0) if faults else None
+        if fault is not None:
+            return fault, {"error": "Forced", "status": fault, "message": f"forced {fault}"}
+        if headers.get("client-id") != self.client_id:
+            return 401, {"error": "Unauthorized", "status": 401, "message": "Client-Id header required"}
+        if headers.get("authorization") != f"Bearer {self.access_token}":
+            return 401, {"error": "Unauthorized", "status": 401, "message": "Invalid OAuth token"}
+        return None
+
+    def _helix_list(self, headers: Mapping[str, str], query: str) -> tuple[int, dict[str, Any]]:
+        refused = self._eventsub_auth("GET", headers)
+        if refused is not None:
+            return refused
+        params = {k: v[-1] for k, v in parse_qs(query).items()}
+        filters = [k for k in ("status", "type", "user_id", "subscription_id") if k in params]
+        if len(filters) > 1:
+            return 400, {"error": "Bad Request", "status": 400,
+                         "message": "only one of status, type, user_id and subscription_id may be given"}
+        try:
+            start = int(base64.urlsafe_b64decode(params["after"]).decode()) if "after" in params else 0
+        except (ValueError, binascii.Error):
+            return 400, {"error": "Bad Request", "status": 400, "message": "invalid cursor"}
+        every = self.listed_subscriptions()
+        items = every
+        if filters:
+            name, value = filters[0], params[filters[0]]
+            items = [i for i in every if (
+                i["status"] == value if name == "status" else i["type"] == value if name == "type"
+                else i["id"] == value if name == "subscription_id"
+                else value in (i.get("condition") or {}).values())]
+        page = items[start:start + self.helix_page_size]
+        end = start + len(page)
+        cursor = base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(items) else None
+        return 200, {"data": page, "total": len(every),
+                     "total_cost": sum(i.get("cost", 0) for i in every if i["status"] == "enabled"),
+                     "max_total_cost": 10, "pagination": {"cursor": cursor} if cursor else {}}
+
+    def _helix_delete(self, headers: Mapping[str, str], query: str) -> tuple[int, dict[str, Any] | None]:
+        refused = self._eventsub_auth("DELETE", headers)
+        if refused is not None:
+            return refused
+        sub_id = parse_qs(query).get("id", [""])[-1]
+        if not sub_id:
+            return 400, {"error": "Bad Request", "status": 400,
+                         "message": "Missing required parameter \"id\""}
+        found = False
+        with self._lock:
+            for s in self.sessions:  # a hand-off's old session holds the same object: both let go
+                for sub_type, sub in list(s.subscriptions.items()):
+                    if sub["id"] == sub_id:
+                        del s.subscriptions[sub_type]
+                        found = True
+        self._notify()
+        if not found:
+            return 404, {"error": "Not Found", "status": 404, "message": "subscription not found"}
+        return 204, None
 
     def _validate(self, headers: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
         with self._lock:
@@ -682,6 +881,19 @@ def _http_handler(standin: TwitchStandin) -> type[BaseHTTPRequestHandler]:
                 self._answer(*standin._streams(self._headers(), parts.query))
             elif parts.path == "/helix/channels/followers":
                 self._answer(*standin._followers(self._headers(), parts.query))
+            elif parts.path == "/helix/eventsub/subscriptions":
+                status, obj = standin._helix_list(self._headers(), parts.query)
+                standin._record("GET", status)
+                self._answer(status, obj)
+            else:
+                self._answer(404, {"message": "not found"})
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            parts = urlsplit(self.path)
+            if parts.path == "/helix/eventsub/subscriptions":
+                status, obj = standin._helix_delete(self._headers(), parts.query)
+                standin._record("DELETE", status)
+                self._answer(status, obj)
             else:
                 self._answer(404, {"message": "not found"})
 
@@ -697,6 +909,7 @@ def _http_handler(standin: TwitchStandin) -> type[BaseHTTPRequestHandler]:
                     sub_type = "?"
                 with standin._lock:
                     standin.helix_requests.append((status, sub_type))
+                standin._record("POST", status)
                 self._answer(status, obj)
             elif path == "/oauth2/token":
                 self._answer(*standin._token(body))

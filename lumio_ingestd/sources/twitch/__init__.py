@@ -4,6 +4,8 @@
 - `eventsub`, `ws`: the WebSocket protocol (welcome, keepalive, hand-off, dedup).
 - `source`: `TwitchSource`, the per-account thread (subscriptions, close codes).
 - `helix`, `oauth`, `httpclient`: subscriptions and the user token.
+- `subscriber`, `livesessions`: a new session's subscriptions, taken back from
+  a session lost without a clean close when Twitch answers 409.
 - `gifts`, `sink`, `sessions`: gift-bomb linking, persisting + alerts, stream_sessions.
 - `webhook`: `POST /webhooks/twitch`.
 - `followers`: `FollowerHistory`, the healer of a gap's follows (Helix
@@ -20,6 +22,7 @@ from __future__ import annotations
 from lumio_ingestd.config import Config
 from lumio_ingestd.sources import Built, SourceDeps
 from lumio_ingestd.sources.twitch.followers import FollowerHistory
+from lumio_ingestd.sources.twitch.livesessions import LiveSessions
 from lumio_ingestd.sources.twitch.mapping import PLATFORM
 from lumio_ingestd.sources.twitch.oauth import TokenStore
 from lumio_ingestd.sources.twitch.sink import TwitchSink
@@ -38,6 +41,7 @@ def build(cfg: Config, deps: SourceDeps) -> Built:
     built.routes.append(("POST", PATH, webhook.handle, MAX_BODY_BYTES))
     if not cfg.twitch.client_id:
         return built
+    live = LiveSessions()  # the sessions this build's sockets hold open: never taken for orphans
     for account in cfg.accounts:
         if account.twitch_user_id is None or account.twitch_token_file is None:
             continue
@@ -47,7 +51,7 @@ def build(cfg: Config, deps: SourceDeps) -> Built:
                             cfg.twitch.client_secret, metrics)
         name = f"source-twitch-{account.account_id}"
         source = TwitchSource(account, cfg.twitch, chat_queue=deps.chat_queue(name), sink=sink,
-                              tokens=tokens, metrics=metrics, frames=deps.frames)
+                              tokens=tokens, metrics=metrics, frames=deps.frames, live=live)
         if cfg.twitch.heal_follows:
             # Healed follows take persist_event only: they are late, no live alert.
             source.healer = FollowerHistory(account, cfg.twitch, tokens, deps.persist_event, metrics)

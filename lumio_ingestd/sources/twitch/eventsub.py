@@ -20,6 +20,11 @@ to a `FrameHandler` (the source). It never sends a data frame.
   resubscribed: the session's subscriptions moved with it. If the new socket
   fails or sends no welcome in time, the old one is kept; Twitch then closes
   it (4004) and the source starts over from the base URL.
+- **Live sessions.** The ids of the sessions whose subscriptions the open
+  socket carries (the welcomed one, plus each it was handed over to) are kept
+  in `chain` and in the process's `LiveSessions` (livesessions.py), and
+  dropped when the sockets close: a subscription bound to one of them is
+  never taken for an orphan.
 - **Duplicates.** Notifications and revocations whose `message_id` was handled
   already (Twitch delivers at least once, and the overlap of a hand-off may
   repeat) are skipped; the recent ids are a bounded cache, and the database
@@ -39,6 +44,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.recent import RecentIds
 from lumio_ingestd.sources.base import MAX_FRAMES_PER_TURN, BadFrame, PeerClosed, SourceClosed
+from lumio_ingestd.sources.twitch.livesessions import LiveSessions
 from lumio_ingestd.sources.twitch.mapping import PLATFORM, Envelope, Notification, interpret
 from lumio_ingestd.sources.ws import Binary, WsClosed, WsConnection
 
@@ -82,7 +88,8 @@ class EventSubClient:
                  metrics: Metrics, *, connect_timeout_secs: float = 10.0,
                  welcome_timeout_secs: float = 10.0, margin_secs: float | None = None,
                  handoff_timeout_secs: float = 10.0, drain_quiet_secs: float = 0.25,
-                 drain_max_secs: float = 2.0, recent_ids: int = 10_000, name: str = "twitch") -> None:
+                 drain_max_secs: float = 2.0, recent_ids: int = 10_000, name: str = "twitch",
+                 live: LiveSessions | None = None) -> None:
         self.base_url = base_url
         self.requested_keepalive = keepalive_secs
         self.account_id = account_id
@@ -107,6 +114,10 @@ class EventSubClient:
         self._opening: WsConnection | None = None
         self._handoff_started = 0.0
         self.session_id: str | None = None
+        #: The sessions whose subscriptions the open socket carries: the one welcomed at
+        #: `connect()`, then each a hand-off moved them to (the newest last).
+        self.chain: list[str] = []
+        self.live = live if live is not None else LiveSessions()
         self.keepalive_secs = keepalive_secs
         self.welcomed_at = 0.0  # monotonic time of the current session's welcome
         self.handoffs = 0
@@ -149,9 +160,12 @@ class EventSubClient:
                 conn.close()
         self._current = self._pending = self._opening = None
         self.session_id = None
+        self.chain = []
+        self.live.clear(self.name)
 
     def abort(self) -> None:
         """From any thread: shut the sockets down so the reader wakes up and ends."""
+        self.live.clear(self.name)
         for conn in (self._current, self._pending, self._opening):
             if conn is not None:
                 conn.abort()
@@ -342,6 +356,7 @@ class EventSubClient:
         if conn is self._opening:
             self._opening = None
             self._current = conn
+            self.chain = [session_id]
         elif conn is self._pending:
             old = self._current
             self._current, self._pending = conn, None
@@ -355,6 +370,9 @@ class EventSubClient:
             log.debug("%s: unexpected session_welcome on the current connection; ignored", self.name)
             return
         self.session_id = session_id
+        if conn is self._current and session_id not in self.chain:
+            self.chain.append(session_id)  # a hand-off: the subscriptions moved here
+        self.live.set(self.name, self.chain)
         if isinstance(keepalive, int) and keepalive > 0:
             self.keepalive_secs = keepalive
         self.welcomed_at = time.monotonic()

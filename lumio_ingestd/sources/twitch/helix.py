@@ -1,4 +1,4 @@
-"""Creating EventSub subscriptions through Helix, with the conditions Twitch's reference names.
+"""EventSub subscriptions through Helix (create, list, delete), with the conditions Twitch names.
 
 `SUBSCRIPTIONS` is what every account subscribes to; `condition_for` fills
 the condition from the broadcaster's user id (docs/platforms.rst, "Subscriptions"): the two chat
@@ -6,21 +6,38 @@ types read as the broadcaster (`user_id` = the broadcaster), `channel.follow`
 v2 moderates as the broadcaster, `channel.raid` is about raids *to* the
 channel. The WebSocket transport needs the user token of that broadcaster.
 
-`HelixClient.create_subscription` POSTs one subscription; a 401 refreshes the
-token once (through `TokenStore.refresh`) and retries once. 202 is success,
-409 means "exists already" (success too); anything else raises `HelixError`
-with Twitch's message. Nothing durable here.
+`HelixClient` speaks `{helix_url}/eventsub/subscriptions`:
+
+- `create_subscription` POSTs one subscription: 202 is created, 409 means
+  some subscription of that type, version and condition exists already
+  (which session holds it is for the caller to find out); both are returned.
+- `list_subscriptions` GETs them with one filter (`type` or `user_id`) and
+  follows `pagination.cursor` (`after=`) to the last page, as
+  `HeldSubscription`s: id, type, version, status, condition and the
+  transport (method, session id, connected_at, disconnected_at).
+- `delete_subscription` DELETEs one by id (`?id=`): 204, and 404 (gone
+  already) are both done.
+
+Every request carries the user token and `Client-Id`; a 401 refreshes the
+token once (through `TokenStore.refresh`) and asks once more. Any other
+answer than the ones named raises `HelixError` with Twitch's message (a 429
+among them: the caller's backoff waits). Nothing durable here.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
-from lumio_ingestd.sources.httpclient import Cancel, HttpUnavailable, join, request
+from lumio_ingestd.sources.httpclient import Cancel, HttpResult, HttpUnavailable, join, request
 from lumio_ingestd.sources.twitch.oauth import TokenStore
+
+#: Pages one listing follows at most (Twitch answers 100 a page; a token holds far fewer).
+MAX_PAGES = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +80,53 @@ class HelixError(Exception):
         self.message = message
 
 
+@dataclass(frozen=True, slots=True)
+class HeldSubscription:
+    """One subscription as `GET /eventsub/subscriptions` lists it."""
+
+    id: str
+    type: str
+    version: str
+    status: str
+    condition: Mapping[str, str]
+    method: str
+    session_id: str | None  # the websocket transport's session (None for a webhook)
+    connected_at: str | None
+    disconnected_at: str | None
+
+    @classmethod
+    def parse(cls, item: object) -> HeldSubscription | None:
+        """The item of a listing, or None when it lacks what a decision needs (id, type,
+        version, condition, transport method)."""
+        if not isinstance(item, dict):
+            return None
+        transport = item.get("transport")
+        condition = item.get("condition")
+        sub_id, sub_type, version = item.get("id"), item.get("type"), item.get("version")
+        if not (isinstance(sub_id, str) and sub_id and isinstance(sub_type, str)
+                and isinstance(version, str) and isinstance(condition, dict)
+                and isinstance(transport, dict) and isinstance(transport.get("method"), str)):
+            return None
+
+        def text(obj: Mapping[str, Any], key: str) -> str | None:
+            value = obj.get(key)
+            return value if isinstance(value, str) and value else None
+
+        return cls(sub_id, sub_type, version, text(item, "status") or "unknown",
+                   {str(k): str(v) for k, v in condition.items() if isinstance(v, str) and v},
+                   str(transport["method"]), text(transport, "session_id"),
+                   text(transport, "connected_at"), text(transport, "disconnected_at"))
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What a listing returned: the subscriptions, and how many items could not be read."""
+
+    items: tuple[HeldSubscription, ...]
+    unreadable: int
+    pages: int
+
+
 class HelixClient:
     def __init__(self, helix_url: str, client_id: str, tokens: TokenStore) -> None:
         self._url = join(helix_url, "eventsub/subscriptions")
@@ -75,26 +139,71 @@ class HelixClient:
         """(status, the subscription Twitch returned) for 202 or 409; raises HelixError."""
         body = json.dumps({"type": sub.type, "version": sub.version, "condition": dict(condition),
                            "transport": {"method": "websocket", "session_id": session_id}}).encode()
-        token = self._tokens.access_token
-        result = self._post(body, token, timeout)
-        if result[0] == 401:
-            token = self._tokens.refresh(token)  # raises TokenError when it cannot
-            result = self._post(body, token, timeout)
-        status, data, message = result
-        if status in (202, 409):
-            return status, data
-        raise HelixError(status, message)
-
-    def _post(self, body: bytes, token: str, timeout: float) -> tuple[int, Mapping[str, Any], str]:
-        try:
-            result = request("POST", self._url, body=body, timeout=timeout, cancel=self.cancel, headers={
-                "Authorization": f"Bearer {token}", "Client-Id": self._client_id,
-                "Content-Type": "application/json"})
-        except HttpUnavailable as exc:
-            raise HelixError(None, str(exc)) from None
+        result = self._call("POST", self._url, body, timeout)
+        if result.status not in (202, 409):
+            raise HelixError(result.status, result.message())
         obj = result.json()
         data: Mapping[str, Any] = {}
         if isinstance(obj, dict) and isinstance(obj.get("data"), list) and obj["data"]:
             first = obj["data"][0]
             data = first if isinstance(first, dict) else {}
-        return result.status, data, result.message()
+        return result.status, data
+
+    def list_subscriptions(self, *, timeout: float, sub_type: str | None = None,
+                           user_id: str | None = None) -> Listing:
+        """Every subscription matching the one filter given, all pages within `timeout`."""
+        if (sub_type is None) == (user_id is None):
+            raise ValueError("list_subscriptions takes exactly one of sub_type and user_id")
+        query = {"type": sub_type} if sub_type is not None else {"user_id": str(user_id)}
+        deadline = time.monotonic() + timeout
+        items: list[HeldSubscription] = []
+        unreadable = 0
+        cursor: str | None = None
+        for page in range(1, MAX_PAGES + 1):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise HelixError(None, f"listing not complete within {timeout:g}s ({page - 1} page(s))")
+            url = self._url + "?" + urlencode({**query, **({"after": cursor} if cursor else {})})
+            result = self._call("GET", url, None, left)
+            if result.status != 200:
+                raise HelixError(result.status, result.message())
+            obj = result.json()
+            if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
+                raise HelixError(result.status, "the listing has no data list")
+            for raw in obj["data"]:
+                held = HeldSubscription.parse(raw)
+                if held is None:
+                    unreadable += 1
+                else:
+                    items.append(held)
+            pagination = obj.get("pagination")
+            nxt = pagination.get("cursor") if isinstance(pagination, dict) else None
+            if not isinstance(nxt, str) or not nxt or nxt == cursor:
+                return Listing(tuple(items), unreadable, page)
+            cursor = nxt
+        raise HelixError(None, f"the listing has more than {MAX_PAGES} pages")
+
+    def delete_subscription(self, sub_id: str, *, timeout: float) -> None:
+        """Delete one subscription (done when it is gone, 204 or 404); raises HelixError."""
+        result = self._call("DELETE", self._url + "?" + urlencode({"id": sub_id}), None, timeout)
+        if result.status not in (204, 404):
+            raise HelixError(result.status, result.message())
+
+    def _call(self, method: str, url: str, body: bytes | None, timeout: float) -> HttpResult:
+        """One request with the user token; a 401 refreshes the token once and asks again."""
+        token = self._tokens.access_token
+        result = self._request(method, url, body, token, timeout)
+        if result.status == 401:
+            token = self._tokens.refresh(token)  # raises TokenError when it cannot
+            result = self._request(method, url, body, token, timeout)
+        return result
+
+    def _request(self, method: str, url: str, body: bytes | None, token: str,
+                 timeout: float) -> HttpResult:
+        headers = {"Authorization": f"Bearer {token}", "Client-Id": self._client_id}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            return request(method, url, body=body, timeout=timeout, cancel=self.cancel, headers=headers)
+        except HttpUnavailable as exc:
+            raise HelixError(None, str(exc)) from None

@@ -3,7 +3,9 @@
 The thread connects (token validated, socket opened, `session_welcome`
 read), creates the account's subscriptions through Helix inside the window
 Twitch gives after the welcome (10 s; a session without a subscription is
-closed with 4003), and then reads: chat goes to the source's in-memory
+closed with 4003; subscriber.py takes back what a session lost without a
+clean close still holds, and a session left with none of its own is closed
+here and never reported healthy), and then reads: chat goes to the source's in-memory
 `ChatQueue` (handed to Redis in small batches, at the latest every
 `max_delay_secs`), events go through `TwitchSink` (persist_event, alerts,
 gift linking, stream sessions) one at a time.
@@ -53,13 +55,8 @@ from lumio_ingestd.sources.base import BadFrame, PeerClosed, Source, SourceClose
 from lumio_ingestd.sources.interfaces import ChatQueueLike, FrameSink
 from lumio_ingestd.sources.twitch.eventsub import EventSubClient, KeepaliveTimeout
 from lumio_ingestd.sources.twitch.gifts import GiftLinker
-from lumio_ingestd.sources.twitch.helix import (
-    SUBSCRIPTIONS,
-    HelixClient,
-    HelixError,
-    Subscription,
-    condition_for,
-)
+from lumio_ingestd.sources.twitch.helix import SUBSCRIPTIONS, HelixClient, Subscription
+from lumio_ingestd.sources.twitch.livesessions import LiveSessions
 from lumio_ingestd.sources.twitch.mapping import (
     PLATFORM,
     Envelope,
@@ -69,6 +66,7 @@ from lumio_ingestd.sources.twitch.mapping import (
 )
 from lumio_ingestd.sources.twitch.oauth import TokenError, TokenRejected, TokenStore
 from lumio_ingestd.sources.twitch.sink import TwitchSink
+from lumio_ingestd.sources.twitch.subscriber import Subscriber
 
 log = logging.getLogger("lumio_ingestd.sources.twitch.source")
 
@@ -102,7 +100,8 @@ class TwitchSource(Source):
                  subscriptions: Sequence[Subscription] = SUBSCRIPTIONS,
                  subscribe_window_secs: float = SUBSCRIBE_WINDOW_SECS,
                  gift_window_secs: float = GIFT_WINDOW_SECS, connect_timeout_secs: float = 10.0,
-                 read_budget_secs: float = 0.5, frames: FrameSink | None = None) -> None:
+                 read_budget_secs: float = 0.5, frames: FrameSink | None = None,
+                 live: LiveSessions | None = None) -> None:
         if account.twitch_user_id is None:
             raise ValueError(f"account {account.account_id} has no twitch_user_id")
         super().__init__(f"source-twitch-{account.account_id}", metrics, frames=frames)
@@ -112,6 +111,7 @@ class TwitchSource(Source):
         self._sink = sink
         self._tokens = tokens
         self._helix = HelixClient(twitch.helix_url, twitch.client_id, tokens)
+        self._subscriber = Subscriber(self._helix, self.broadcaster_id, metrics, name=self.name)
         self._subscriptions = tuple(subscriptions)
         self._subscribe_window = subscribe_window_secs
         self._read_budget = read_budget_secs
@@ -119,7 +119,7 @@ class TwitchSource(Source):
         self.client = EventSubClient(
             twitch.eventsub_ws_url, keepalive_secs or twitch.keepalive_timeout_secs, account.account_id,
             self, metrics, connect_timeout_secs=connect_timeout_secs, margin_secs=keepalive_margin_secs,
-            name=self.name)
+            name=self.name, live=live)
         self.active: set[str] = set()  # subscription types enabled on the current session
         self._types = frozenset(sub.type for sub in self._subscriptions)
         self._next_validate_check = 0.0
@@ -213,32 +213,26 @@ class TwitchSource(Source):
     # -- subscriptions --------------------------------------------------------------------
 
     def _subscribe(self, session_id: str) -> None:
-        """Create every subscription on the new session, inside the window after the welcome."""
+        """Create every subscription on the new session, inside the window after the welcome.
+
+        Only what this session holds counts: a 409 whose holder is a session
+        that is not ours and not live is taken back (subscriber.py); a session
+        left with no subscription of its own is closed here, never reported
+        healthy (Twitch would close it as unused, and its events go elsewhere).
+        """
         self.active.clear()
-        deadline = self.client.welcomed_at + self._subscribe_window
-        failed: list[str] = []
-        for sub in self._subscriptions:
-            if self.stopping:
-                raise SourceClosed("stopping")
-            left = deadline - time.monotonic()
-            if left <= 0.2:
-                failed.append(f"{sub.type} (window over)")
-                self.metrics.source_subscriptions.labels(PLATFORM, "late").inc()
-                continue
-            try:
-                status, _ = self._helix.create_subscription(
-                    sub, condition_for(sub.type, self.broadcaster_id), session_id,
-                    timeout=min(5.0, left))
-            except HelixError as exc:
-                failed.append(f"{sub.type} ({exc})")
-                self.metrics.source_subscriptions.labels(PLATFORM, "failed").inc()
-                continue
-            self.active.add(sub.type)
-            self.metrics.source_subscriptions.labels(PLATFORM, "exists" if status == 409 else "ok").inc()
-        if failed:
-            log.warning("%s: %d subscription(s) not created: %s", self.name, len(failed), "; ".join(failed))
+        result = self._subscriber.subscribe(
+            self._subscriptions, session_id, mine=self.client.chain, ours=self.client.live.ids,
+            deadline=self.client.welcomed_at + self._subscribe_window, stopping=lambda: self.stopping,
+            created=self.active)
+        self.source_state.held_elsewhere([{"account": self.account_id, **h.as_json()}
+                                          for h in result.held])
+        if result.failed:
+            log.warning("%s: %d subscription(s) not created: %s", self.name, len(result.failed),
+                        "; ".join(result.failed))
         if not self.active:
-            raise SourceClosed("no subscription could be created; the session would be closed (4003)")
+            raise SourceClosed(f"no subscription could be created on session {session_id}"
+                               + (f" ({len(result.held)} held elsewhere)" if result.held else ""))
         log.info("%s: session %s with %d subscription(s)", self.name, session_id, len(self.active))
 
     # -- FrameHandler -----------------------------------------------------------------------
