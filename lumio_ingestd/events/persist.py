@@ -51,6 +51,7 @@ spool; "rejected"/"lost" -> nowhere.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -191,6 +192,12 @@ class EventIngest:
             return "stopping, too little time left"
         return None
 
+    def _cut_if_stopped_since(self, stop_known: bool) -> None:
+        """`stopping()` cuts the calls it finds in flight; one whose deadline was set before the
+        stop but was not yet registered with the pool then is cut here, now that it is."""
+        if not stop_known and self._stop_by is not None:
+            self.cut_calls_of(threading.get_ident(), STOP_GRACE_SECS)
+
     def _deadline(self, started: float) -> float:
         """The one deadline of an insert that begins at `started`: the insert timeout, and while
         stopping no more than `STOP_GRACE_SECS` nor past the time the rest needs."""
@@ -214,16 +221,19 @@ class EventIngest:
         if deadline <= started:  # stopping, and no time left: the database was not asked
             late = DeadlineExceeded("stopping: no time left for an insert")
             return late, classify(late)
+        stop_known = self._stop_by is not None
         try:
             with self.breaker.attempt():
                 if writer is not None:
                     with self._pool.transaction(deadline=deadline) as cur:
+                        self._cut_if_stopped_since(stop_known)
                         new = writer(cur, ev)
                 else:
                     # One round trip, its commit included: the pool's transaction
                     # would add a BEGIN and a COMMIT, each a wait for the server
                     # (the live p99 during a replay is those waits).
                     with self._pool.connection(deadline=deadline) as conn:
+                        self._cut_if_stopped_since(stop_known)
                         new = store.insert_event_committed(conn, ev)
         # Any failure at all, a bug's included, must end with the event parked
         # rather than dropped by the caller's loop; classify() judges it.

@@ -50,9 +50,11 @@ CHAT_PER_SEC = 100
 CHEER_EVERY = 20  # one cheer per 20 chat messages: 5 a second
 SHUTDOWN_BUDGET = 8.0
 EXIT_SLACK = 1.0
-#: What an alert may take once the breaker is open (a park and a PUBLISH, ~2 ms idle) on a
-#: shared two-core machine running the daemon, the stand-in, the proxy and the servers.
-FAST = 0.25
+#: What an alert may take once the breaker is open (a park and a PUBLISH, 2-5 ms measured) on a
+#: shared two-core machine running the daemon, the stand-in, the proxy and the servers, at
+#: worst and at the median. Before the breaker they waited seconds.
+FAST_MAX = 0.5
+FAST_MEDIAN = 0.05
 
 
 def _config(tmp_path: Path, name: str, twitch: TwitchStandin, *, redis_url: str, pg_url: str,
@@ -239,7 +241,7 @@ def test_a_black_holed_database_delays_no_alert_past_one_insert_timeout(
     first_failed = min(at for m, at in in_hole) + INSERT_TIMEOUT
     later = [latency[m] for m, at in in_hole if at > first_failed + 0.2]
     assert len(later) >= INSERT_TIMEOUT * CHAT_PER_SEC / CHEER_EVERY, len(later)
-    assert max(later) <= FAST, sorted(later)[-5:]
+    assert max(later) <= FAST_MAX and statistics.median(later) <= FAST_MEDIAN, sorted(later)
     print(f"alerts in the hole: {len(hole)}, max {max(hole) * 1000:.0f} ms; after the first timeout: "
           f"{len(later)}, p50 {statistics.median(later) * 1000:.1f} ms, max {max(later) * 1000:.1f} ms; "
           f"parked {parked:.0f}")
