@@ -12,8 +12,9 @@ alert arrives on Redis (`lumio:alerts:{ACCOUNT}`).
   at once: every alert within one insert timeout of its frame, the later
   ones within a few tens of ms. After the hole everything is stored once.
 - SIGTERM a few seconds into the hole: the process exits 0 within the 8 s
-  budget, and after a second run (the database back) every chat message and
-  cheer written before the signal is stored exactly once; nothing is LOST.
+  budget, its source within its own 5 s, and after a second run (the
+  database back) every chat message and cheer written before the signal is
+  stored exactly once; nothing is LOST.
 """
 
 from __future__ import annotations
@@ -249,9 +250,12 @@ def test_a_black_holed_database_delays_no_alert_past_one_insert_timeout(
     assert "LOST" not in daemon.log
 
 
+@pytest.mark.parametrize("into_hole", [1.0, INSERT_TIMEOUT + 1.0], ids=["insert-stalled", "breaker-open"])
 def test_sigterm_during_a_black_hole_exits_in_time_and_loses_nothing(
         tmp_path: Path, redis_url: str, twitch: TwitchStandin,
-        proxied: tuple[FaultProxy, str, str]) -> None:
+        proxied: tuple[FaultProxy, str, str], into_hole: float) -> None:
+    """`into_hole`: the signal comes while the first insert of the hole still waits for its
+    bound (the stop cuts it), or once it failed and the cheers are parked at once."""
     proxy, pg_url, direct = proxied
     cfg = _config(tmp_path, "stop", twitch, redis_url=redis_url, pg_url=pg_url)
     with NotifySocket() as notify, Daemon(cfg, tmp_path / "stop.log", notify=notify) as daemon:
@@ -261,9 +265,7 @@ def test_sigterm_during_a_black_hole_exits_in_time_and_loses_nothing(
             assert wait_until(lambda: len(traffic.chat) > 2 * CHAT_PER_SEC, 15), daemon.log
             proxy.blackhole()
             holed = time.monotonic()
-            # Into the hole by more than one insert timeout: the first insert failed already
-            # and the later cheers are parked, while chat keeps coming.
-            assert wait_until(lambda: time.monotonic() - holed > INSERT_TIMEOUT + 1.0, 10)
+            assert wait_until(lambda: time.monotonic() - holed > into_hole, 10)
             sent = daemon.signal(signal.SIGTERM)
         finally:
             traffic.stop()
@@ -285,6 +287,7 @@ def test_sigterm_during_a_black_hole_exits_in_time_and_loses_nothing(
         _wait_exactly_once(direct, chat, cheers, 30)
         second.signal(signal.SIGTERM)
         assert second.wait(SHUTDOWN_BUDGET + EXIT_SLACK) == 0, second.log
-    # Every source stopped within its budget: nothing was left to count as lost.
-    assert "shutdown complete" in daemon.log, daemon.log
+    # The source stopped within its budget, so nothing was left to count as lost. (The final
+    # chat flush may run out of time in the hole: what it claimed waits in Redis.)
+    assert "shutdown: sources ok in" in daemon.log, daemon.log
     assert "LOST" not in daemon.log and "LOST" not in second.log
