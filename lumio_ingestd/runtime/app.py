@@ -11,15 +11,19 @@ shutdown chain (docs/architecture.rst, "Shutdown"):
    streams are closed;
 2. at the same time the sources and the timer workers are cancelled; the
    sources get 5 s, each handing what it holds in memory to Redis (or the
-   database, or the spool) before it reports stopped;
+   database, or the spool) before it reports stopped. The event path is told
+   their deadline first (`Parts.stopping`), so what they persist on the way
+   out parks rather than waits for a database that does not answer;
 3. the chat flush threads are cancelled last (after the sources and the HTTP
    requests) and each runs one final flush, bounded to 3 s, side by side;
 4. the drain leases are released and everything is closed.
 
 All of it inside `[daemon] shutdown_timeout_secs` (8 s); a second stop signal
 cuts the waits short. What was not flushed is in Redis or the spool for the
-next process. READY=1 does not wait for Redis or the database: a database
-outage at boot must not become a restart loop; it shows in STATUS and /readyz.
+next process. What a source still running at the end holds is counted and
+logged as LOST (`_count_lost`), never dropped without a word. READY=1 does
+not wait for Redis or the database: a database outage at boot must not
+become a restart loop; it shows in STATUS and /readyz.
 
 What is durable when `App.run()` returns: everything the workers' `final()`
 steps handed over (see chat/, events/, stores/spool.py); nothing is held here.

@@ -269,7 +269,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.flushers = list(flush_threads(
         client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
         owns=parts.membership.flushes if parts.membership is not None else None,
-        step_aside=gate.step_aside))
+        step_aside=gate.step_aside, db_unwell=lambda: events.breaker.open))
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
         EventRetryWorker(client, pool, metrics, cfg, records=records, breaker=events.breaker),
