@@ -151,16 +151,21 @@ class EventIngest:
 
     def probe(self) -> bool:
         """One canary insert, rolled back: True (and the breaker closed) when the database
-        took it; else the breaker stays open. For the insert probe (events/probe.py)."""
+        answered it; False (the breaker open) when it failed as transient or environmental.
+        For the insert probe (events/probe.py)."""
         canary = PlatformEvent.new(account_id=0, platform="lumio", type="lumio.canary", payload={})
         try:
             deadline = time.monotonic() + max(self._timeout, PROBE_MIN_SECS)
             with self._pool.connection(deadline=deadline) as conn:
                 store.insert_canary(conn, canary)
-        except Exception as exc:  # noqa: BLE001 - any failure: the database is not back
+        except Exception as exc:  # noqa: BLE001 - classify() judges it
             why = classify(exc)
-            self.breaker.failed(describe_db_error(exc, why))
-            return False
+            if why.retryable:
+                self.breaker.failed(describe_db_error(exc, why))
+                return False
+            # Refused for good: the database answered, whatever it has against the canary.
+            log.warning("the insert probe's canary was refused (%s); taking it as an answer",
+                        why.reason)
         self.breaker.ok()
         return True
 
@@ -217,11 +222,12 @@ class EventIngest:
         if kind is not None and writer is None:
             return ValueError(f"no writer for records of kind {kind!r}"), Classified(
                 Kind.PERMANENT, None, f"unknown record kind {kind!r}")
+        # Read before the deadline: a stop after this is caught by _cut_if_stopped_since.
+        stop_known = self._stop_by is not None
         deadline = self._deadline(started)
         if deadline <= started:  # stopping, and no time left: the database was not asked
             late = DeadlineExceeded("stopping: no time left for an insert")
             return late, classify(late)
-        stop_known = self._stop_by is not None
         try:
             with self.breaker.attempt():
                 if writer is not None:
