@@ -415,7 +415,11 @@ class Metrics:
         with self._chat_queues_lock:
             self._chat_queues.add(queue)
 
-    def _chat_held(self) -> float:
+    def chat_held(self) -> int:
+        """Chat messages the sources' queues hold in memory now (`chat_persistence_queue_depth`)."""
         with self._chat_queues_lock:
             queues = list(self._chat_queues)
-        return float(sum(q.held() for q in queues))
+        return sum(q.held() for q in queues)
+
+    def _chat_held(self) -> float:
+        return float(self.chat_held())

@@ -50,7 +50,10 @@ What is durable: a message is in the database once its batch's in-flight list
 is gone (unless it was quarantined); before that it is in a Redis list.
 `final()` makes one last pass bounded to `final_budget_secs`; whatever it
 does not finish stays in Redis for the next process, and the heartbeat is
-deleted so another replica recovers it at once.
+deleted so another replica recovers it at once. While `db_unwell()` (the
+event path's breaker, db/breaker.py) says the database is known unwell, the
+last pass is not made at all: it could only wait for its bound, and
+everything it would take stays in Redis the same.
 """
 
 from __future__ import annotations
@@ -162,7 +165,8 @@ class ChatFlusher(IntervalWorker):
                  pass_budget_secs: float = 10.0, failpoint: Failpoint = no_failpoint,
                  claim_token: str = PROCESS_TOKEN, name: str = "chat-flush",
                  owns: Callable[[int], bool] | None = None, lane: int = 0,
-                 lanes: _Lanes | None = None, step_aside: Callable[[], None] | None = None) -> None:
+                 lanes: _Lanes | None = None, step_aside: Callable[[], None] | None = None,
+                 db_unwell: Callable[[], bool] | None = None) -> None:
         super().__init__(name, metrics, cfg.chat.flush_interval_secs, role="chat-flush")
         self.instance = instance or cfg.daemon.instance_id
         self.lane = lane
@@ -188,6 +192,7 @@ class ChatFlusher(IntervalWorker):
         self._owns = owns
         #: Between rows and before each claim: waits while an event is on its way (eventgate.py).
         self._step_aside = step_aside
+        self._db_unwell = db_unwell
 
     # -- the worker --------------------------------------------------------------
 
@@ -206,7 +211,11 @@ class ChatFlusher(IntervalWorker):
 
     def final(self) -> None:
         """One last pass bounded to `final_budget_secs`; the rest stays in Redis."""
-        self._pass(time.monotonic() + self.final_budget_secs, final=True)
+        if self._db_unwell is not None and self._db_unwell():
+            log.info("chat flush: the database is unavailable; no last flush, the buffers wait "
+                     "in Redis for the next process")
+        else:
+            self._pass(time.monotonic() + self.final_budget_secs, final=True)
         if not self._lanes.stopped(self.lane):
             return  # another lane still writes: the heartbeat must cover its batches
         try:

@@ -245,7 +245,9 @@ SCHEMA: Final[tuple[Setting, ...]] = (
     # [events]
     _s("events", "insert_timeout_secs", "3", _SECONDS,
        "Longest time the inline insert of one event may take, waiting for a "
-       "pooled connection included, before the event is parked, in seconds."),
+       "pooled connection included, before the event is parked, in seconds. "
+       "Once one has failed, later events are parked without a try until the "
+       "database answers again."),
     _s("events", "retry_interval_secs", "30", _SECONDS,
        "How often parked events are replayed into the database, in seconds."),
     _s("events", "retention_days", "365", _Int(1, unit="days"),

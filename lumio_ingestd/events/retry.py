@@ -50,6 +50,11 @@ lists and this pass: an entry marked with a record kind is written by the
 writer registered for it instead of `insert_event`, under the same deadline,
 settle and quarantine rules (a kind without a writer: "undecodable").
 
+With a `breaker` (the inline path's, db/breaker.py) a committed transaction
+tells it the database answers again, and a pass stopped by a failure of the
+database's health (not an entry's own) tells it the database is unwell: the
+live path then parks at once instead of waiting for a timeout.
+
 The lease is checked before every entry; when it is lost (or a stop is
 requested) the remainder is put back and the pass ends at once. A pass also
 ends after `pass_budget_secs` (the rest put back, the next turn starts at
@@ -77,7 +82,8 @@ import redis
 from lumio_ingestd.cluster.instances import heartbeat_value
 from lumio_ingestd.cluster.lease import Lease
 from lumio_ingestd.config import Config
-from lumio_ingestd.db.errors import classify
+from lumio_ingestd.db.breaker import DatabaseBreaker
+from lumio_ingestd.db.errors import classify, describe_db_error
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.events import store
 from lumio_ingestd.events.deadletter import DEADLETTER_TTL_SECS, DeadLetters
@@ -186,7 +192,7 @@ class EventRetryWorker(IntervalWorker):
                  stuck_after: int = 5, entry_ttl_secs: float = DEADLETTER_TTL_SECS,
                  pass_budget_secs: float = 20.0, failpoint: Failpoint | None = None,
                  name: str = "event-retry", records: RecordWriters | None = None,
-                 tx_entries: int = MAX_TX_ENTRIES) -> None:
+                 tx_entries: int = MAX_TX_ENTRIES, breaker: DatabaseBreaker | None = None) -> None:
         interval = cfg.events.retry_interval_secs
         super().__init__(name, metrics, interval)
         self.instance = instance if instance is not None else cfg.daemon.instance_id
@@ -220,6 +226,9 @@ class EventRetryWorker(IntervalWorker):
         self._more = False
         self.max_turn_secs = max(self.max_turn_secs, pass_budget_secs + 4 * self._insert_timeout)
         self._redis_outage = Outage("event retry: Redis", log)
+        # The inline path's breaker (events/persist.py): a committed replay closes it, a
+        # pass stopped by the database's health opens it.
+        self._breaker = breaker
 
     # -- the loop ----------------------------------------------------------------
 
@@ -507,6 +516,8 @@ class EventRetryWorker(IntervalWorker):
             self._failed(account, raw, ev, exc, classify(exc), report)
             ready.popleft()  # quarantined (else _failed raised _Stop)
             return
+        if self._breaker is not None:
+            self._breaker.ok()  # committed: the database answers
         self._settle(account, done, report)
         if failure is not None:
             (raw, ev, _), error = failure
@@ -583,6 +594,8 @@ class EventRetryWorker(IntervalWorker):
             if len(self._strikes) >= _MAX_STRIKES:
                 self._strikes.clear()
             self._strikes[key] = (why.sqlstate, count)
+        elif self._breaker is not None:  # the database's health, not this entry's problem
+            self._breaker.failed(describe_db_error(exc, why))
         log.warning("event replay stopped at a %s error (%s: %s); the rest waits for the next pass",
                     why.kind.value, why.reason, type(exc).__name__)
         raise _Stop("transient")
@@ -605,11 +618,7 @@ class EventRetryWorker(IntervalWorker):
             children=tuple(EventChild("lumio.canary") for _ in ev.children))
         try:
             with self._pool.connection(deadline=time.monotonic() + self._insert_timeout) as conn:
-                try:
-                    with conn.cursor() as cur:
-                        store.insert_event(cur, canary)
-                finally:
-                    conn.rollback()
+                store.insert_canary(conn, canary)
         except Exception as exc:  # noqa: BLE001 - any failure: not provably this entry's
             log.warning("event replay: a canary insert fails too (%s); the problem is not "
                         "event %s's own, it stays parked", classify(exc).reason, ev.id)

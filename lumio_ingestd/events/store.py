@@ -199,6 +199,17 @@ def insert_event_committed(conn: Connection, ev: PlatformEvent) -> bool:
             conn.autocommit = False
 
 
+def insert_canary(conn: Connection, ev: PlatformEvent) -> None:
+    """Insert `ev` the way every writer does and roll it back: whether `events` takes a write
+    now (reachable, not locked, granted), leaving nothing behind. Raises what the insert raised."""
+    try:
+        with conn.cursor() as cur:
+            insert_event(cur, ev)
+    finally:
+        if not conn.closed:
+            conn.rollback()
+
+
 def prepare_replay(cur: Cursor) -> None:
     """Prepare the statements of the two functions below on this connection, once.
 

@@ -11,15 +11,19 @@ shutdown chain (docs/architecture.rst, "Shutdown"):
    streams are closed;
 2. at the same time the sources and the timer workers are cancelled; the
    sources get 5 s, each handing what it holds in memory to Redis (or the
-   database, or the spool) before it reports stopped;
+   database, or the spool) before it reports stopped. The event path is told
+   their deadline first (`Parts.stopping`), so what they persist on the way
+   out parks rather than waits for a database that does not answer;
 3. the chat flush threads are cancelled last (after the sources and the HTTP
    requests) and each runs one final flush, bounded to 3 s, side by side;
 4. the drain leases are released and everything is closed.
 
 All of it inside `[daemon] shutdown_timeout_secs` (8 s); a second stop signal
 cuts the waits short. What was not flushed is in Redis or the spool for the
-next process. READY=1 does not wait for Redis or the database: a database
-outage at boot must not become a restart loop; it shows in STATUS and /readyz.
+next process. What a source still running at the end holds is counted and
+logged as LOST (`_count_lost`), never dropped without a word. READY=1 does
+not wait for Redis or the database: a database outage at boot must not
+become a restart loop; it shows in STATUS and /readyz.
 
 What is durable when `App.run()` returns: everything the workers' `final()`
 steps handed over (see chat/, events/, stores/spool.py); nothing is held here.
@@ -550,14 +554,47 @@ class App:
     def _shutdown(self) -> ShutdownReport:
         self._phase = "draining"
         self.notifier.stopping(self._status())
+        if self.parts is not None:
+            # Before the sources are asked to stop: what they persist on the way out parks
+            # rather than waits for a database that does not answer.
+            deadline = time.monotonic() + SOURCES_GRACE_SECS
+            for hook in self.parts.stopping:
+                try:
+                    hook(deadline)
+                except Exception:
+                    log.exception("shutdown: telling the event path to stop failed")
         stages = self._stages()
         report = Shutdown(stages, self.cfg.daemon.shutdown_timeout_secs).run(self._cut_short)
+        self._count_lost()
         self._release_leases()
         self._close(report)
         self._phase = "stopped"
         self.local_state.write(self._phase, self.supervisor.workers())
         log.log(logging.INFO if report.complete else logging.ERROR, "%s", report.summary())
         return report
+
+    def _count_lost(self) -> None:
+        """Sources still running now hold data the process exits without: counted and said.
+
+        What their chat queues hold and the events whose insert has not returned are counted
+        lost (`chat_messages_total{path="lost"}`, `events_persist_failures_total{outcome="lost"}`)
+        and logged as LOST; what their sockets had received but they had not read is named
+        but cannot be counted. Every source that stopped handed its own over.
+        """
+        still = [w for w in self.supervisor.workers(Role.SOURCE) if w.alive]
+        if not still or self.parts is None:
+            return
+        threads = {w.ident for w in still if w.ident is not None}
+        chat = self.metrics.chat_held()
+        events = self.parts.events_in_progress(threads)
+        if chat:
+            self.metrics.chat_messages.labels("lost").inc(chat)
+        if events:
+            self.metrics.events_persist_failures.labels("lost").inc(events)
+        log.error("shutdown: LOST %d chat message(s) held in memory and %d event(s) whose insert "
+                  "had not returned, in %s, which did not stop in time; whatever their sockets "
+                  "had received and they had not read yet is lost too, uncounted",
+                  chat, events, ", ".join(w.name for w in still))
 
     def _cut_short(self, timeout: float) -> bool:
         """The shutdown's wait: True once a second stop signal arrived."""

@@ -79,6 +79,12 @@ class Parts:
     claim_keeper: ClaimKeeper | None = None
     #: Closed in this order after the shutdown stages, each with its name for the log.
     closers: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    #: Told when the shutdown begins, with the sources' deadline (monotonic): the event path
+    #: then parks rather than waits (events/persist.py, `EventIngest.stopping`).
+    stopping: list[Callable[[float], None]] = field(default_factory=list)
+    #: Events whose insert is still in flight on the given threads (counted lost at exit
+    #: when a source did not stop in time).
+    events_in_progress: Callable[[set[int]], int] = lambda threads: 0
 
 
 Builder = Callable[[Config, Metrics], Parts]
@@ -130,6 +136,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     from lumio_ingestd.events.alerts import STREAM_PATH, AlertPublisher, stream_handler
     from lumio_ingestd.events.gaps import GapLedgerWorker, HealQueue, HealWorker
     from lumio_ingestd.events.held import HeldGifts
+    from lumio_ingestd.events.probe import InsertProbe
     from lumio_ingestd.events.records import RecordWriters
     from lumio_ingestd.events.streamstats import KIND as STATS_KIND
     from lumio_ingestd.events.streamstats import StreamStats, canary_record
@@ -177,7 +184,11 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     chat = ChatIngest(client, pool, spool, metrics, cfg)
     # Writers of parked records (non-event rows on the events' park/spool path).
     records = RecordWriters()
+    # One breaker for the whole process (events.breaker): every source's inline insert, the
+    # webhooks, the retry worker, the probe and the stream sessions share it.
     events = EventIngest(client, pool, spool, metrics, cfg, records=records)
+    parts.stopping.append(events.stopping)
+    parts.events_in_progress = events.in_progress
     stats = StreamStats(pool, events.deadletters, spool, metrics,
                         timeout_secs=cfg.events.insert_timeout_secs)
     records.register(STATS_KIND, stats.write_record, canary_record)
@@ -205,7 +216,7 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
         persist_chat=chat.buffer_or_persist,
         persist_event=events.persist_event,
         alerts=alerts,
-        sessions=StreamSessions(pool, metrics),
+        sessions=StreamSessions(pool, metrics, breaker=events.breaker),
         seen=seen.__getitem__,
         # Refused frames keep their raw bytes (docs/operating.rst, "Refused frames").
         frames=refused_frames.for_config(cfg, metrics),
@@ -258,10 +269,11 @@ def build(cfg: Config, metrics: Metrics) -> Parts:
     parts.flushers = list(flush_threads(
         client, pool, metrics, cfg, heartbeat_ttl_secs=heartbeat_ttl,
         owns=parts.membership.flushes if parts.membership is not None else None,
-        step_aside=gate.step_aside))
+        step_aside=gate.step_aside, db_unwell=lambda: events.breaker.open))
     parts.timers = [
         ChatDeadLetterDrain(client, pool, metrics, cfg),
-        EventRetryWorker(client, pool, metrics, cfg, records=records),
+        EventRetryWorker(client, pool, metrics, cfg, records=records, breaker=events.breaker),
+        InsertProbe(events, metrics),
         SpoolReplayer(spool, replay, metrics, SPOOL_REPLAY_INTERVAL_SECS),
         alerts,
         RetentionWorker(pool, cfg, metrics),

@@ -31,7 +31,11 @@ the ones it finds offline).
 A write that fails (the database is down) is kept in a small in-memory list
 and retried, in order, by `retry_pending()` (the source's idle timer, and
 every later change); the events themselves are durable on their own path
-(stored, parked or spooled). Durable when `apply` returns True: committed.
+(stored, parked or spooled). With the event path's `breaker` (db/breaker.py),
+neither a write nor the `stream_before` look-up is tried while it says the
+database is unwell (the change waits in the list): they run on the thread
+that reads a socket, which must not wait for a timeout per change; their
+outcomes are reported to it. Durable when `apply` returns True: committed.
 What is still pending when the process stops is logged and dropped: the
 stored `stream.online`/`stream.offline` events are the record it can be
 rebuilt from.
@@ -46,7 +50,8 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 
-from lumio_ingestd.db.errors import classify
+from lumio_ingestd.db.breaker import DatabaseBreaker
+from lumio_ingestd.db.errors import classify, describe_db_error
 from lumio_ingestd.db.pool import Pool
 from lumio_ingestd.metrics import Metrics
 from lumio_ingestd.model import OpenSession, StreamChange
@@ -92,8 +97,10 @@ ORDER BY started_at
 class StreamSessions:
     def __init__(self, pool: Pool, metrics: Metrics, *, timeout_secs: float = 3.0,
                  retry_every_secs: float = 5.0, max_pending: int = 1000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 breaker: DatabaseBreaker | None = None) -> None:
         self._pool = pool
+        self._breaker = breaker
         self._metrics = metrics
         self._timeout = timeout_secs
         self._retry_every = retry_every_secs
@@ -130,14 +137,20 @@ class StreamSessions:
             last = self._last_online.get((account_id, platform))
         if last is not None and last[1] <= at:
             return last[0]
+        if not self._allowed():
+            log.warning("stream session look-up for account %s skipped (the database is "
+                        "unavailable); the offline keeps its delivery id", account_id)
+            return None
         try:
             with self._pool.transaction(deadline=time.monotonic() + self._timeout) as cur:
                 cur.execute(_STREAM_BEFORE, {"account": account_id, "platform": platform, "at": at})
                 row = cur.fetchone()
         except Exception as exc:  # noqa: BLE001 - the caller falls back to the delivery id
+            self._failed(exc)
             log.warning("stream session look-up for account %s failed (%s); the offline keeps "
                         "its delivery id", account_id, classify(exc).reason)
             return None
+        self._answered()
         return str(row[0]) if row is not None and row[0] is not None else None
 
     def open_streams(self, platform: str, accounts: list[int]) -> dict[int, OpenSession]:
@@ -165,7 +178,22 @@ class StreamSessions:
             if not ok or not self.pending():
                 return ok
 
+    def _allowed(self) -> bool:
+        return self._breaker is None or self._breaker.allows()
+
+    def _failed(self, exc: BaseException) -> None:
+        verdict = classify(exc)
+        if self._breaker is not None and verdict.retryable:
+            self._breaker.failed(describe_db_error(exc, verdict))
+
+    def _answered(self) -> None:
+        if self._breaker is not None:
+            self._breaker.ok()
+
     def _drain(self) -> bool:
+        if not self._allowed():
+            self._next_retry = self._clock() + self._retry_every
+            return False
         if not self._writing.acquire(blocking=False):
             return False
         try:
@@ -178,6 +206,7 @@ class StreamSessions:
                     self._write(account_id, change)
                 except Exception as exc:  # noqa: BLE001 - classified and kept for a retry
                     verdict = classify(exc)
+                    self._failed(exc)
                     self._next_retry = self._clock() + self._retry_every
                     self._metrics.stream_session_writes.labels("failed").inc()
                     if not verdict.retryable:
@@ -189,6 +218,7 @@ class StreamSessions:
                     log.warning("stream session %s for account %s not written (%s); %d pending, "
                                 "retried", change.kind, account_id, verdict.reason, self.pending())
                     return False
+                self._answered()
                 with self._lock:
                     self._pending.popleft()
                 self._metrics.stream_session_writes.labels("ok").inc()

@@ -366,6 +366,64 @@ def test_a_source_that_overruns_is_reported_and_the_flush_still_runs(
     made["source"].join(5)
 
 
+class _Held:
+    """A chat queue as the depth gauge sees it: `n` messages in memory."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def held(self) -> int:
+        return self.n
+
+
+def test_what_a_source_still_running_at_exit_holds_is_counted_and_logged_lost(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lumio_ingestd.runtime.app as app_module
+
+    monkeypatch.setattr(app_module, "SOURCES_GRACE_SECS", 0.3)
+    made: dict[str, Ticker] = {}
+    told: list[float] = []
+    queues = [_Held(7), _Held(0)]  # the stuck source's, and a stopped one's (released)
+
+    def builder(cfg: Config, metrics: Metrics) -> Parts:
+        made["stuck"] = SlowFinal("source-stuck", metrics, 1.5)
+        made["done"] = Ticker("source-done", metrics)
+        for queue in queues:
+            metrics.hold_chat(queue)
+        parts = Parts(sources=[made["stuck"], made["done"]])
+        parts.stopping.append(lambda deadline: told.append(deadline - time.monotonic()))
+        parts.events_in_progress = lambda threads: 2 if made["stuck"].ident in threads else 0
+        return parts
+
+    app = App(_config(tmp_path, shutdown_timeout_secs=3), {}, builder=builder)
+
+    def driver(stop: Callable[[], None]) -> None:
+        assert wait_until(lambda: app._phase == "ingesting", 10)
+
+    result = run_app(app, driver)
+    assert result.report is not None and result.report.not_stopped == ["source-stuck"]
+    # The event path heard of the stop first, with the sources' budget.
+    assert len(told) == 1 and 0.0 < told[0] <= 0.3
+    assert app.metrics.registry.get_sample_value("chat_messages_total", {"path": "lost"}) == 7
+    assert app.metrics.registry.get_sample_value(
+        "events_persist_failures_total", {"outcome": "lost"}) == 2
+    assert ("shutdown: LOST 7 chat message(s) held in memory and 2 event(s) whose insert had not "
+            "returned, in source-stuck, which did not stop in time") in caplog.text
+    made["stuck"].join(5)
+
+
+def test_nothing_is_counted_lost_when_every_source_stopped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def builder(cfg: Config, metrics: Metrics) -> Parts:
+        return Parts(sources=[Ticker("source-a", metrics)])
+
+    app = App(_config(tmp_path), {}, builder=builder)
+    result = run_app(app, lambda stop: None)
+    assert result.report is not None and result.report.complete
+    assert app.metrics.registry.get_sample_value("chat_messages_total", {"path": "lost"}) == 0
+    assert "LOST" not in caplog.text
+
+
 # --------------------------------------------------------------------------- the shutdown engine
 
 

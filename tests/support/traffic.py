@@ -1,0 +1,96 @@
+"""Steady Twitch traffic with send times, and alert arrival times: for latency oracles.
+
+`Traffic` writes chat notifications and every `cheer_every`-th also a
+`channel.cheer` on one stand-in session from a thread of its own, at a
+steady rate, and keeps each message id with the monotonic time just before
+its frame was written (a chat message by its own id, a cheer by its delivery
+id, which is its `external_id`). `AlertTimes` subscribes to an account's
+alert channel on Redis and keeps when each alert arrived, by external id.
+Both clocks are this process's CLOCK_MONOTONIC. Used by the black-hole tests
+and bench/bench_dbstall.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import redis
+
+from lumio_ingestd.devkit.standins import twitch_events as te
+from lumio_ingestd.devkit.standins.twitch import StandinError, StandinSession, TwitchStandin
+from lumio_ingestd.events.alerts import alerts_channel
+
+
+class Traffic:
+    def __init__(self, twitch: TwitchStandin, session: StandinSession, *, chat_per_sec: float = 100.0,
+                 cheer_every: int = 20) -> None:
+        self._twitch, self._session = twitch, session
+        self._rate = chat_per_sec
+        self._cheer_every = cheer_every
+        self._run = uuid.uuid4().hex[:6]
+        self.chat: list[tuple[str, float]] = []
+        self.cheers: list[tuple[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="test-traffic")
+
+    def _main(self) -> None:
+        started = time.monotonic()
+        channel = self._twitch.user_id
+        n = 0
+        while not self._stop.wait(max(0.0, started + n / self._rate - time.monotonic())):
+            n += 1
+            try:
+                if n % self._cheer_every == 0:
+                    delivery = str(uuid.uuid4())
+                    at = time.monotonic()
+                    self._twitch.notify("channel.cheer", te.cheer_event(str(n), 100, broadcaster=channel),
+                                        session=self._session, message_id=delivery)
+                    self.cheers.append((delivery, at))
+                mid = f"chat-{self._run}-{n}"
+                at = time.monotonic()
+                self._twitch.notify("channel.chat.message", te.chat_event(mid, broadcaster=channel),
+                                    session=self._session, message_id=str(uuid.uuid4()))
+                self.chat.append((mid, at))
+            except StandinError:
+                return  # the session closed: nothing more is written, nothing more is ours
+
+    def start(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+class AlertTimes:
+    def __init__(self, redis_url: str, account_id: int) -> None:
+        self._client = redis.Redis.from_url(redis_url)
+        self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.subscribe(alerts_channel(account_id))
+        self._lock = threading.Lock()
+        self._seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="test-alerts")
+        self._thread.start()
+
+    def _main(self) -> None:
+        while not self._stop.is_set():
+            message = self._pubsub.get_message(timeout=0.05)
+            if message is not None:
+                at = time.monotonic()
+                with self._lock:
+                    self._seen.setdefault(str(json.loads(message["data"])["external_id"]), at)
+
+    def get(self, external_id: str) -> float | None:
+        with self._lock:
+            return self._seen.get(external_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._pubsub.close()
+        self._client.close()
