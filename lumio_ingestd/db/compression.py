@@ -60,9 +60,10 @@ TABLES = ("chat_messages", "events")
 SEGMENT_BY = "account_id"
 ORDER_BY = "created_at DESC"
 #: How long a compressed chunk of a table may grow by merging (tables not named: no
-#: merging). Seven days of chat in a batch take 0.69 of the bytes of a day's, in
-#: the storage benchmark; longer merges save more but hold more of the data
-#: retention trims day by day in compressed batches (docs/operating.rst).
+#: merging). Longer merges save more bytes but leave more of the data that
+#: retention trims day by day in batches that straddle its horizon, and more to
+#: rebuild after each merge (docs/operating.rst, "Compression"; the figures of
+#: each length: docs/performance.rst).
 MERGE_INTERVAL = {"chat_messages": "7 days"}
 #: The sparse indexes of the tables that merge: a bloom filter per batch on the
 #: message id (the unique check of a late row) and on the user id (GDPR erasure
@@ -303,7 +304,8 @@ def rebatch(conn: Connection, table: str) -> int:
     compressed on its own has its batches built once already.
 
     Each rebuild is one statement (`compress_chunk(..., recompress => true)`), committed
-    on its own; it blocks writes to that chunk (not reads) while it runs."""
+    on its own; it holds writes to that chunk off while it runs, and reads for the
+    moment it puts the new batches in place."""
     current = _settings(conn, table)
     if current.segmentby != SEGMENT_BY or current.merge_interval is None:
         return 0  # no merging, or settings of one's own: batches are as they were built
