@@ -112,6 +112,7 @@ def test_plain_table_takes_writes_while_its_index_is_built(tmp_path: Path) -> No
         with psycopg2.connect(url) as conn, conn.cursor() as cur:
             fill_chat(cur, rows=2000, accounts=10, days=2, start=now - timedelta(days=3))
         open_writer = psycopg2.connect(url)
+        running: _Migrating | None = None
         try:
             with open_writer.cursor() as cur:  # a flush under way when migrate starts
                 cur.execute("INSERT INTO chat_messages (account_id, platform, message_id, created_at) "
@@ -121,8 +122,10 @@ def test_plain_table_takes_writes_while_its_index_is_built(tmp_path: Path) -> No
             _insert(url, now, "later")  # LockNotAvailable here: writes wait for the build
             open_writer.commit()
         finally:
-            open_writer.close()
-        assert [m.version for m in running.join()] == [7]
+            open_writer.close()  # frees a migrate still waiting, so that it ends either way
+            if running is not None:
+                running.thread.join(60)
+        assert running is not None and [m.version for m in running.join()] == [7]
         assert _valid(url) is True
         assert _one(url, "SELECT count(*) FROM chat_messages") == 2002
 
@@ -141,6 +144,7 @@ def test_hypertable_index_is_committed_chunk_by_chunk(tmp_path: Path, timescale_
     assert len(chunks) >= 3
     oldest, newest = chunks[0], chunks[-1]
     open_writer = psycopg2.connect(timescale_url)
+    running: _Migrating | None = None
     try:
         with open_writer.cursor() as cur:  # a writer on the newest chunk alone
             cur.execute(f"LOCK TABLE {newest} IN ROW EXCLUSIVE MODE")
@@ -155,11 +159,14 @@ def test_hypertable_index_is_committed_chunk_by_chunk(tmp_path: Path, timescale_
         open_writer.commit()
     finally:
         open_writer.close()
-    assert [m.version for m in running.join()] == [7]
+        if running is not None:
+            running.thread.join(60)
+    assert running is not None and [m.version for m in running.join()] == [7]
     assert _valid(timescale_url) is True
     per_chunk = _one(timescale_url, "SELECT count(*) FROM pg_index WHERE indexrelid::regclass::text LIKE %s",
                      (f"%chunk_{INDEX}",))
     assert per_chunk == len(chunks)
+    assert _one(timescale_url, "SELECT count(*) FROM chat_messages") == 4001
 
 
 def test_an_index_left_invalid_is_built_again(tmp_path: Path, backend_url: str,
