@@ -157,7 +157,7 @@ class Database:
         (work / name).mkdir()
         self.cfg: Config = make_config(work / name, pg_url=server.url(name), sections={
             "timescale": {"compress_after_hours": COMPRESS_AFTER_HOURS}})
-        self.migrated = migrate(self.cfg.timescale, migrations=None if all_migrations else _before_7())
+        migrate(self.cfg.timescale, migrations=None if all_migrations else _before_7())
         self.conn = server.connect(name)
         self.cur = self.conn.cursor()
         self.cur.execute("SET statement_timeout = 0")
