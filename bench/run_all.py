@@ -36,11 +36,14 @@ lumio_ingestd.devkit.servers, and the Twitch stand-in in a child process):
 (f) what `[redis] min_replicas_acked = 1` costs, beside 0, on a primary with
     one replica, in alternating pairs: chat end to end and `persist_event`
     p99, stored inline and parked (bench_replicas.py).
-(g) chat storage: bytes per row of 1,000,000 chat rows over 1,000 accounts
-    and 10 days on plain PostgreSQL, on TimescaleDB uncompressed and
-    compressed (where it is installed), the time to compress them, and the
-    time of "last 100 messages of one account" and "messages per minute of
-    one account over a day" on each (bench_storage.py).
+(g) chat storage (bench_storage.py): on 300,000 realistic chat rows over
+    1,000 accounts and 30 days, what each way of compressing them leaves
+    (the earlier release's, the daemon's, and the alternatives measured),
+    bytes per row and ratio; on 10,000,000 such rows, "the latest 100
+    messages of one account" without and with its index on plain
+    PostgreSQL and on TimescaleDB uncompressed, and compressed the earlier
+    way and the daemon's, with the indexes each plan reads and the time to
+    build the index online (where TimescaleDB is installed).
 (h) alert latency: the real daemon with one account's socket flooded with
     full-size chat as fast as it reads and another receiving 10 cheers a
     second; from each cheer's frame written to its alert received on Redis
@@ -92,7 +95,7 @@ FULL: dict[str, dict[str, Any]] = {
         "sockets": {"sockets": 500, "wave": 50},
         "kick": {"messages": 20_000, "runs": 3},
         "replicas": {"messages": 50_000, "events": 1000, "runs": 3},
-        "storage": {"rows": 1_000_000, "accounts": 1000, "days": 10},
+        "storage": {"rows": 10_000_000, "ratio_rows": 300_000, "accounts": 1000, "days": 30},
         "alerts": {"idle": 100, "load": 300, "rate": 10.0, "shape": "full"}}
 QUICK: dict[str, dict[str, Any]] = {
          "wire": {"messages": 5_000, "runs": 1, "naive": 500, "shape": "short"},
@@ -107,7 +110,7 @@ QUICK: dict[str, dict[str, Any]] = {
          "sockets": {"sockets": 50, "wave": 50},
          "kick": {"messages": 2_000, "runs": 1},
          "replicas": {"messages": 3_000, "events": 100, "runs": 1},
-         "storage": {"rows": 20_000, "accounts": 100, "days": 10},
+         "storage": {"rows": 20_000, "ratio_rows": 20_000, "accounts": 100, "days": 10},
          "alerts": {"idle": 20, "load": 30, "rate": 10.0, "shape": "full"}}
 
 
@@ -207,26 +210,40 @@ def sockets_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def storage_rows(g: dict[str, Any]) -> list[tuple[str, str]]:
-    """(g): bytes per chat row and the two account queries, per storage."""
-    plain = g["plain"]
-    rows = [(f"(g) chat storage, {g['rows']:,} rows, {g['accounts']:,} accounts, {g['days']} days",
-             ""),
-            ("    plain PostgreSQL: bytes per row", f"{plain['uncompressed']['bytes_per_row']:.0f} B")]
-    variants = [("plain PostgreSQL", plain["uncompressed"])]
-    ts = g.get("timescaledb")
-    if ts is None:
-        rows.append(("    TimescaleDB", "not installed"))
+    """(g): what compression leaves of realistic chat, each way; the latest 100 messages of
+    an account without and with its index, per storage."""
+    rows: list[tuple[str, str]] = []
+    comp = g.get("compression")
+    if comp is None:
+        rows.append(("(g) chat compression", "TimescaleDB not installed"))
     else:
-        rows += [("    TimescaleDB uncompressed: bytes per row",
-                  f"{ts['uncompressed']['bytes_per_row']:.0f} B"),
-                 ("    TimescaleDB compressed: bytes per row", f"{ts['compressed']['bytes_per_row']:.0f} B"),
-                 ("    compressed / uncompressed", f"{ts['ratio']:.3f}"),
-                 (f"    time to compress ({ts['chunks']} chunks)", f"{ts['compress_secs']:.1f} s")]
-        variants += [("TimescaleDB uncompressed", ts["uncompressed"]),
-                     ("TimescaleDB compressed", ts["compressed"])]
-    for name, v in variants:
-        rows.append((f"    {name}: last 100 / per minute over a day",
-                     f"{v['last_100_ms']:.1f} / {v['per_minute_day_ms']:.1f} ms"))
+        rows.append((f"(g) chat compression, {comp['rows']:,} rows, {comp['accounts']:,} accounts, "
+                     f"{comp['days']} days: bytes per row before -> after (ratio)", ""))
+        for name, w in comp["ways"].items():
+            rows.append((f"    {name} ({w['chunks_before']} -> {w['chunks_after']} chunks)",
+                         f"{w['bytes_per_row_before']:.0f} -> {w['bytes_per_row_after']:.0f} B "
+                         f"({w['ratio']:.3f})"))
+        now = comp["ways"]["now"]
+        rows.append(("    now, against the bytes before the account index",
+                     f"{now['ratio_to_without_account_index']:.3f}"))
+    rows.append((f"    latest 100 of an account, {g['rows']:,} rows: without / with its index", ""))
+    for label, key in (("plain PostgreSQL", "plain"), ("TimescaleDB uncompressed", "timescaledb")):
+        r = g.get(key)
+        if r is None:
+            continue
+        rows.append((f"      {label} ({r['account_rows']:,} rows of the account)",
+                     f"{r['without_index']['last_100_ms']:.2f} / {r['with_index']['last_100_ms']:.2f} ms"))
+        rows.append(("        reads", ", ".join(r["with_index"]["last_100_plan"]["indexes"])))
+        rows.append(("        the index: build (online) / bytes per row",
+                     f"{r['index_build_secs']:.1f} s / "
+                     f"{r['with_index']['bytes_per_row'] - r['without_index']['bytes_per_row']:.0f} B"))
+    ts = g.get("timescaledb")
+    if ts is not None:
+        earlier, now = ts["compressed_earlier"], ts["compressed"]
+        rows.append(("      TimescaleDB compressed, earlier / now",
+                     f"{earlier['last_100_ms']:.2f} / {now['last_100_ms']:.2f} ms"))
+        rows.append(("        bytes per row compressed, earlier / now",
+                     f"{earlier['bytes_per_row']:.0f} / {now['bytes_per_row']:.0f} B"))
     return rows
 
 

@@ -7,11 +7,24 @@ idempotent, so `migrate` and every daemon start run it. On plain PostgreSQL
 (or a TimescaleDB without its compression part) it changes nothing and says
 why, once, as a warning.
 
+Chat is written into day chunks (their indexes stay small enough to be cached
+while they take writes) but compressed into chunks of up to `MERGE_INTERVAL`:
+TimescaleDB merges a chunk it compresses into the compressed chunk before it
+(`compress_chunk_time_interval`). A merge only appends the day's batches, so a
+quiet account would keep one small batch per day, and a batch has a fixed
+cost of some hundred bytes whatever it holds: `rebatch` then rebuilds the
+batches of a merged chunk (`compress_chunk(..., recompress => true)`), one
+batch per account and 1,000 rows. Merging needs the sparse indexes set on the
+hypertable (`SPARSE_INDEX`): TimescaleDB merges only into a chunk compressed
+with exactly the hypertable's settings, and the bloom filters it derives by
+default from the btree indexes are stored with each chunk, never with the
+hypertable, so without them nothing ever merges.
+
 `run_policies` runs the policies' jobs in this session (`CALL run_job(id)`),
-the way the daemon's leader-gated `CompressionWorker` does on a timer: the
-background scheduler of TimescaleDB 2.28.3 on PostgreSQL 15.20 marks every
-job it runs as failed ("cannot drop portal "" while it is being set up",
-raised after the job committed its work), and backs off; a job run from a
+the way the daemon's leader-gated `CompressionWorker` does on a timer, then
+`rebatch`: the background scheduler of TimescaleDB 2.28.3 on PostgreSQL 15.20
+marks every job it runs as failed ("cannot drop portal "" while it is being set
+up", raised after the job committed its work), and backs off; a job run from a
 session has a portal already and does not hit it (docs/operating.rst,
 "Compression").
 
@@ -46,6 +59,18 @@ TABLES = ("chat_messages", "events")
 #: late row or a delete of one account touches only that account's batches.
 SEGMENT_BY = "account_id"
 ORDER_BY = "created_at DESC"
+#: How long a compressed chunk of a table may grow by merging (tables not named: no
+#: merging). Longer merges save more bytes but leave more of the data that
+#: retention trims day by day in batches that straddle its horizon, and more to
+#: rebuild after each merge (docs/operating.rst, "Compression"; the figures of
+#: each length: docs/performance.rst).
+MERGE_INTERVAL = {"chat_messages": "7 days"}
+#: The sparse indexes of the tables that merge: a bloom filter per batch on the
+#: message id (the unique check of a late row) and on the user id (GDPR erasure
+#: and export by user). What TimescaleDB would derive from the btree indexes adds
+#: filters on `platform` and on two composite keys, which select nothing those two
+#: do not, for 3 bytes a row.
+SPARSE_INDEX = {"chat_messages": "bloom(message_id), bloom(user_id)"}
 
 Connection = psycopg2.extensions.connection
 
@@ -137,28 +162,59 @@ def _interval_text(conn: Connection, hours: float) -> str:
     return str(row[0]) if row else ""
 
 
-def _compression_enabled(conn: Connection, table: str) -> bool:
+@dataclass(frozen=True)
+class _Settings:
+    """A hypertable's columnstore settings as TimescaleDB reports them."""
+
+    enabled: bool
+    segmentby: str | None
+    orderby: str | None
+    merge_interval: str | None
+    configured_sparse_index: bool  # a sparse index set on the hypertable (not derived, not the order's)
+
+
+def _settings(conn: Connection, table: str) -> _Settings:
     with conn.cursor() as cur:
-        cur.execute("""SELECT compression_enabled FROM timescaledb_information.hypertables
-                        WHERE hypertable_schema = current_schema() AND hypertable_name = %s""",
-                    (table,))
+        cur.execute("""SELECT h.compression_enabled, s.segmentby, s.orderby, s.compress_interval_length::text,
+                              coalesce(s.index @> '[{"source": "config"}]', false)
+                         FROM timescaledb_information.hypertables h
+                         LEFT JOIN timescaledb_information.hypertable_columnstore_settings s
+                                ON s.hypertable
+                                   = format('%%I.%%I', h.hypertable_schema, h.hypertable_name)::regclass
+                        WHERE h.hypertable_schema = current_schema() AND h.hypertable_name = %s""", (table,))
         row = cur.fetchone()
-    return bool(row and row[0])
+    if row is None:
+        return _Settings(False, None, None, None, False)
+    return _Settings(bool(row[0]), row[1], row[2], row[3], bool(row[4]))
 
 
 def enable_columnstore(conn: Connection, table: str) -> None:
-    """Turn on compression of `table` with our segmenting and order, unless it is on.
+    """Turn on compression of `table` with our segmenting, order and (for the tables in
+    `MERGE_INTERVAL`) merging, unless it is on.
 
-    Settings made by hand (another order, say) are left alone: TimescaleDB
-    refuses to change them while compressed chunks exist."""
-    if _compression_enabled(conn, table):
+    Where it is on with our segmenting and order but merges nothing, as an earlier
+    release left it, merging is added: it applies to the chunks compressed from then
+    on. Settings made by hand (another order, a sparse index or merge interval of
+    one's own) are left alone."""
+    current = _settings(conn, table)
+    merge = MERGE_INTERVAL.get(table)
+    if not current.enabled:
+        with conn.cursor() as cur:
+            cur.execute(f"""ALTER TABLE {table} SET (
+                              timescaledb.enable_columnstore = true,
+                              timescaledb.segmentby = %s,
+                              timescaledb.orderby = %s)""", (SEGMENT_BY, ORDER_BY))
+        log.info("compression of %s set up: segment by %s, order by %s", table, SEGMENT_BY, ORDER_BY)
+    elif (current.segmentby, current.orderby) != (SEGMENT_BY, ORDER_BY) \
+            or current.merge_interval is not None or current.configured_sparse_index:
         return
-    with conn.cursor() as cur:
-        cur.execute(f"""ALTER TABLE {table} SET (
-                          timescaledb.enable_columnstore = true,
-                          timescaledb.segmentby = %s,
-                          timescaledb.orderby = %s)""", (SEGMENT_BY, ORDER_BY))
-    log.info("compression of %s set up: segment by %s, order by %s", table, SEGMENT_BY, ORDER_BY)
+    if merge is not None:
+        with conn.cursor() as cur:
+            cur.execute(f"""ALTER TABLE {table} SET (
+                              timescaledb.sparse_index = %s,
+                              timescaledb.compress_chunk_time_interval = %s)""", (SPARSE_INDEX[table], merge))
+        log.info("compression of %s merges chunks into up to %s (sparse index %s)",
+                 table, merge, SPARSE_INDEX[table])
 
 
 def ensure_compression(cfg: TimescaleConfig) -> CompressionState:
@@ -215,31 +271,81 @@ def ensure_compression(cfg: TimescaleConfig) -> CompressionState:
 
 def run_policies(cfg: TimescaleConfig,
                  on_open: Callable[[Connection | None], None] | None = None) -> dict[str, int]:
-    """Run each table's columnstore policy job now; return table -> chunks it compressed."""
+    """Run each table's columnstore policy job now, then `rebatch` it; return table ->
+    chunks the job compressed (merged into a compressed chunk or compressed on their own)."""
     done: dict[str, int] = {}
     with session(cfg, on_open) as conn:
         if timescaledb_version(conn) is None:
             return done
         jobs = policy_jobs(conn)
         for table, (job_id, _after) in sorted(jobs.items()):
-            before = _compressed_count(conn, table)
+            before = _uncompressed_chunks(conn, table)
             with conn.cursor() as cur:
                 cur.execute("CALL run_job(%s)", (job_id,))
-            done[table] = _compressed_count(conn, table) - before
+            done[table] = len(before - _uncompressed_chunks(conn, table))
+            rebuilt = rebatch(conn, table)
+            if rebuilt:
+                log.info("compression of %s: batches of %d merged chunk(s) rebuilt", table, rebuilt)
     return done
 
 
-def _compressed_count(conn: Connection, table: str) -> int:
+def _uncompressed_chunks(conn: Connection, table: str) -> set[str]:
     with conn.cursor() as cur:
-        cur.execute("""SELECT count(*) FROM timescaledb_information.chunks
+        cur.execute("""SELECT chunk_name FROM timescaledb_information.chunks
                         WHERE hypertable_schema = current_schema() AND hypertable_name = %s
-                          AND is_compressed""", (table,))
-        row = cur.fetchone()
-    return int(row[0]) if row else 0
+                          AND NOT is_compressed""", (table,))
+        return {str(r[0]) for r in cur.fetchall()}
+
+
+def rebatch(conn: Connection, table: str) -> int:
+    """Rebuild the batches of every compressed chunk of `table` that merging left with more
+    batches than it needs (an account with two batches where its rows fit one); return
+    how many. Only chunks wider than the table's chunk interval are looked at: a chunk
+    compressed on its own has its batches built once already.
+
+    Each rebuild is one statement (`compress_chunk(..., recompress => true)`), committed
+    on its own; it holds writes to that chunk off while it runs, and reads for the
+    moment it puts the new batches in place."""
+    current = _settings(conn, table)
+    if current.segmentby != SEGMENT_BY or current.merge_interval is None:
+        return 0  # no merging, or settings of one's own: batches are as they were built
+    with conn.cursor() as cur:
+        cur.execute("""SELECT format('%%I.%%I', c.chunk_schema, c.chunk_name),
+                              format('%%I.%%I', z.schema_name, z.table_name)
+                         FROM timescaledb_information.chunks c
+                         JOIN timescaledb_information.dimensions d
+                           ON d.hypertable_schema = c.hypertable_schema
+                          AND d.hypertable_name = c.hypertable_name
+                          AND d.column_name = c.primary_dimension
+                         JOIN _timescaledb_catalog.chunk u
+                           ON u.schema_name = c.chunk_schema AND u.table_name = c.chunk_name
+                         JOIN _timescaledb_catalog.chunk z ON z.id = u.compressed_chunk_id
+                        WHERE c.hypertable_schema = current_schema() AND c.hypertable_name = %s
+                          AND c.is_compressed AND c.range_end - c.range_start > d.time_interval
+                        ORDER BY c.range_start""", (table,))
+        merged = [(str(r[0]), str(r[1])) for r in cur.fetchall()]
+    rebuilt = 0
+    for chunk, compressed in merged:
+        with conn.cursor() as cur:
+            # Both names are TimescaleDB's own, quoted by format(%I).
+            cur.execute(f"""SELECT EXISTS (
+                              SELECT 1 FROM {compressed} GROUP BY {SEGMENT_BY}
+                              HAVING count(*) > ceil(sum(_ts_meta_count) / current_setting(
+                                         'timescaledb.compression_batch_size_limit')::numeric))""")
+            row = cur.fetchone()
+            if not (row and row[0]):
+                continue
+            cur.execute("SELECT compress_chunk(%s::regclass, recompress => true)", (chunk,))
+        rebuilt += 1
+    return rebuilt
 
 
 def storage(conn: Connection) -> list[TableStorage] | None:
     """Chunks and bytes of each compressed-or-not table; None on plain PostgreSQL.
+
+    The bytes of compressed chunks now are read from the relations, not from
+    TimescaleDB's compression statistics, which a rebuild of the batches (`rebatch`)
+    leaves at what the chunks took when first compressed.
 
     Runs in whatever transaction `conn` is in (read only)."""
     if timescaledb_version(conn) is None:
@@ -254,7 +360,7 @@ def storage(conn: Connection) -> list[TableStorage] | None:
                 SELECT count(*) FILTER (WHERE c.is_compressed),
                        count(*) FILTER (WHERE NOT c.is_compressed),
                        coalesce(sum(s.before_compression_total_bytes) FILTER (WHERE c.is_compressed), 0),
-                       coalesce(sum(s.after_compression_total_bytes) FILTER (WHERE c.is_compressed), 0),
+                       coalesce(sum(d.total_bytes) FILTER (WHERE c.is_compressed), 0),
                        coalesce(sum(d.total_bytes) FILTER (WHERE NOT c.is_compressed), 0)
                   FROM timescaledb_information.chunks c
                   LEFT JOIN chunk_columnstore_stats(%s::regclass) s

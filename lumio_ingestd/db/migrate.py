@@ -8,8 +8,14 @@ to a budget, then the run fails. A session advisory lock serialises migrators:
 a second replica waits for the first on the same budget instead of racing it.
 The connection is closed afterwards, so neither setting reaches the pool.
 
+A migration whose first line is `-- migrate: online` holds only index builds,
+run outside a transaction so that a large table stays writable while they run
+(`lumio_ingestd.db.online_index`); its ledger row is written once every index
+is built, and a build is safe to run again after a crash before that row.
+
 Durable when `migrate()` returns: every migration it reports as applied, each
-committed in its own transaction together with its ledger row.
+committed in its own transaction together with its ledger row (an online one:
+its indexes, then its ledger row).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from lumio_ingestd.config import TimescaleConfig
+from lumio_ingestd.db import online_index
 from lumio_ingestd.db.pool import connect_kwargs
 
 log = logging.getLogger("lumio_ingestd.db.migrate")
@@ -65,6 +72,11 @@ class Migration:
     def checksum(self) -> str:
         return hashlib.sha256(self.sql.encode()).hexdigest()
 
+    @property
+    def online(self) -> bool:
+        """Index builds outside a transaction (`online_index`), not one transaction."""
+        return online_index.is_online(self.sql)
+
 
 class MigrationError(Exception):
     """A migration run failed; nothing after the last committed migration applied."""
@@ -79,7 +91,13 @@ def packaged_migrations() -> list[Migration]:
     for entry in resources.files("lumio_ingestd.db.migrations").iterdir():
         match = _NAME.match(entry.name)
         if match:
-            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8")))
+            m = Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8"))
+            if m.online:
+                try:
+                    online_index.parse(m.sql)
+                except ValueError as exc:
+                    raise MigrationError(f"{entry.name}: {exc}") from exc
+            found.append(m)
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
@@ -160,6 +178,11 @@ def _apply(conn: psycopg2.extensions.connection, wanted: list[Migration],
         if m.version in applied:
             continue
         label = f"migration {m.version:04d}_{m.name}"
+        if m.online:
+            _apply_online(conn, m, label, budget)
+            log.info("applied %s", label)
+            done.append(m)
+            continue
         while True:
             try:
                 conn.autocommit = False
@@ -183,3 +206,28 @@ def _apply(conn: psycopg2.extensions.connection, wanted: list[Migration],
         log.info("applied %s", label)
         done.append(m)
     return done
+
+
+def _apply_online(conn: psycopg2.extensions.connection, m: Migration, label: str,
+                  budget: _Budget) -> None:
+    """Build each index of an online migration (in autocommit), then write its ledger row.
+
+    A lock timeout retries the build that timed out, on the same budget as any
+    migration (its half-built index is dropped and built again)."""
+    for index in online_index.parse(m.sql):
+        while True:
+            try:
+                online_index.build(conn, index)
+                break
+            except psycopg2.errors.LockNotAvailable:
+                budget.spend(f"{label} ({index.name})")
+            except online_index.IndexBuildError as exc:
+                raise MigrationError(f"{label} failed: {exc}") from exc
+            except psycopg2.Error as exc:
+                raise MigrationError(f"{label} failed: {exc.pgcode or ''} {exc}".strip()) from exc
+    try:
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                        (m.version, m.name, m.checksum))
+    except psycopg2.Error as exc:
+        raise MigrationError(f"{label}: its indexes are built, its ledger row failed: {exc}") from exc

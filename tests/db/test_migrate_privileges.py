@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg2
 import pytest
 
 from lumio_ingestd.chat.store import insert_chat
+from lumio_ingestd.db.compression import ensure_compression, run_policies
 from lumio_ingestd.db.migrate import EARLIER_CHECKSUMS, MigrationError, migrate, packaged_migrations
+from lumio_ingestd.devkit.chat_rows import fill_chat
 from lumio_ingestd.devkit.servers import find_pg_bindir, timescaledb_installed
 from support import ROOT, make_config
 from support.chat import make_messages
@@ -76,6 +79,8 @@ def test_migrate_needs_only_the_documented_privileges(tmp_path: Path, role_serve
     assert migrate(cfg.timescale) == []
 
     assert _one(role_server, "SELECT tableowner FROM pg_tables WHERE tablename = 'chat_messages'") == ROLE
+    assert _one(role_server, "SELECT indisvalid FROM pg_index "
+                             "WHERE indexrelid = to_regclass('chat_messages_account_time_idx')") is True
     hypertables = _one(role_server, "SELECT count(*) FROM pg_extension WHERE extname = 'timescaledb'")
     if request.node.callspec.params["role_server"] == "timescaledb":
         assert hypertables == 1
@@ -96,6 +101,41 @@ def test_migrate_needs_only_the_documented_privileges(tmp_path: Path, role_serve
     finally:
         conn.close()
     assert _one(role_server, "SELECT count(*) FROM chat_messages") == 20
+
+
+def test_index_build_and_chunk_merging_on_a_filled_table_as_the_role(
+        tmp_path: Path, role_server: PostgresServer, request: pytest.FixtureRequest) -> None:
+    """Migration 7 (an online index build) on a table with rows, and on TimescaleDB with
+    compressed chunks merged and rebatched by the daemon's compression, all as the role."""
+    timescaledb = request.node.callspec.params["role_server"] == "timescaledb"
+    cfg = make_config(tmp_path, pg_url=_url(role_server),
+                      sections={"timescale": {"compress_after_hours": 300}})
+    migrate(cfg.timescale, migrations=[m for m in packaged_migrations() if m.version < 7])
+    conn = psycopg2.connect(host=role_server.host, port=role_server.port, user=ROLE, dbname=DB)
+    try:
+        with conn, conn.cursor() as cur:
+            fill_chat(cur, rows=6000, accounts=20, days=10, start=datetime.now(UTC) - timedelta(days=25))
+    finally:
+        conn.close()
+    day_chunks = _one(role_server, "SELECT count(*) FROM timescaledb_information.chunks "
+                                   "WHERE hypertable_name = 'chat_messages'") if timescaledb else 0
+    state = ensure_compression(cfg.timescale)
+    done = run_policies(cfg.timescale)
+    if timescaledb:
+        assert done["chat_messages"] == day_chunks
+        chunks = _one(role_server, "SELECT count(*) FROM timescaledb_information.chunks "
+                                   "WHERE hypertable_name = 'chat_messages' AND is_compressed")
+        assert chunks == 2  # ten and a bit days, merged into chunks of up to seven
+    else:
+        assert state.policies == {} and done == {}
+
+    assert [m.version for m in migrate(cfg.timescale)] == [7]
+    assert _one(role_server, "SELECT indisvalid FROM pg_index "
+                             "WHERE indexrelid = to_regclass('chat_messages_account_time_idx')") is True
+    if timescaledb:
+        assert _one(role_server, "SELECT count(*) FROM pg_index WHERE indexrelid::regclass::text "
+                                 "LIKE '%chunk_chat_messages_account_time_idx'") == chunks
+    assert _one(role_server, "SELECT count(*) FROM chat_messages") == 6000
 
 
 def test_a_database_migrated_with_the_earlier_files_is_accepted(tmp_path: Path,

@@ -448,8 +448,9 @@ def test_retention_leaves_younger_compressed_chunks_compressed(tmp_path: Path, t
     horizon = datetime.now(UTC) - timedelta(days=c.chat.retention_days)
     with psycopg2.connect(timescale_url) as conn, conn.cursor() as cur:
         cur.execute("""INSERT INTO chat_messages (account_id, platform, message_id, created_at, user_id)
-                       SELECT 1 + i %% 3, 'twitch', 'm' || i, %s + make_interval(secs => -50000 + i * 10), 'u'
-                         FROM generate_series(1, 30000) i""", (horizon,))
+                       SELECT 1 + i %% 3, 'twitch', 'm' || i,
+                              %s + make_interval(secs => -250000 + i * 50), 'u'
+                         FROM generate_series(1, 30000) i""", (horizon,))  # 17 days: 3 merged chunks
     compress_all(timescale_url)
     p = Pool(c.timescale)
     try:

@@ -1,0 +1,16 @@
+-- migrate: online
+-- "The latest N messages of an account", the dashboard's most common read, and the
+-- export of one account's chat in time order: without this index the one is a
+-- sort of all of the account's rows (by the primary key, which leads with
+-- account_id but then the message id) or a walk back through every account's
+-- recent rows (by the time index). Scanned backwards it serves the oldest-first
+-- export as well.
+--
+-- The account's events need nothing new: events_account_time_idx
+-- (account_id, created_at), from the first migration, serves "the latest N
+-- events of an account" scanned backwards, on both backends.
+--
+-- Online (see lumio_ingestd/db/online_index.py): built CONCURRENTLY on plain
+-- PostgreSQL and one chunk per transaction on TimescaleDB, so chat_messages
+-- stays writable while it is built.
+CREATE INDEX chat_messages_account_time_idx ON chat_messages (account_id, created_at DESC);
