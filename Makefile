@@ -16,11 +16,10 @@ venv: $(STAMP)
 # versions of the dev lock (which holds the package's run-time pins), nothing resolved
 # today. A changed lock makes it anew, so nothing stays from the last one.
 LOCKS := packaging/requirements.lock packaging/requirements-dev.lock
-PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check
 $(STAMP): setup.cfg pyproject.toml $(LOCKS)
 	$(PYTHON) -m venv --clear $(VENV)
-	$(PIP_INSTALL) --require-hashes --only-binary=:all: -r packaging/requirements-dev.lock
-	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
+	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --only-binary=:all: -r packaging/requirements-dev.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 test: lint typecheck promtool pytest

@@ -44,13 +44,10 @@ from bench_wire import servers  # noqa: E402
 
 from lumio_ingestd.devkit.servers import PostgresServer, RedisServer, wait_until  # noqa: E402
 from lumio_ingestd.devkit.standins.twitch import StandinSession, TwitchStandin  # noqa: E402
-from support import write_ini  # noqa: E402
 from support.daemon import Daemon, NotifySocket, metric_value  # noqa: E402
 from support.harness.proxy import FaultProxy  # noqa: E402
-from support.traffic import AlertTimes, Traffic  # noqa: E402
-from support.twitch import write_token_file  # noqa: E402
+from support.traffic import ACCOUNT, AlertTimes, Traffic, twitch_daemon_config  # noqa: E402
 
-ACCOUNT = 42
 CHAT_PER_SEC = 100
 CHEER_EVERY = 20
 SHUTDOWN_BUDGET = 8.0
@@ -59,25 +56,12 @@ INSERT_TIMEOUT = 3.0  # [events] insert_timeout_secs: the default
 
 def _config(tmp: Path, name: str, twitch: TwitchStandin, rds: RedisServer, pg_url: str, *,
             with_account: bool) -> Path:
-    secret = tmp / "client_secret"
-    secret.write_text(twitch.client_secret + "\n")
-    token = write_token_file(tmp / f"{name}-token.json", twitch.access_token, twitch.refresh_token)
-    sections: dict[str, dict[str, object]] = {
-        # One instance id for both runs: the second resumes the first's in-flight lists at once.
-        "daemon": {"state_dir": tmp / "state", "instance_id": "bench-dbstall", "log_level": "info"},
-        "redis": {"url": rds.url},
-        "timescale": {"dsn": pg_url},
-        "http": {"listen": "127.0.0.1:0"},
-        "metrics": {"listen": "127.0.0.1:0"},
-        "chat": {"flush_interval_secs": 1, "deadletter_drain_interval_secs": 2},
-        "events": {"insert_timeout_secs": INSERT_TIMEOUT, "retry_interval_secs": 2},
-        "twitch": {"client_id": twitch.client_id, "client_secret_file": secret,
-                   "eventsub_ws_url": twitch.ws_url, "helix_url": twitch.helix_url,
-                   "oauth_url": twitch.oauth_url},
-    }
-    if with_account:
-        sections[f"account.{ACCOUNT}"] = {"twitch_user_id": twitch.user_id, "twitch_token_file": token}
-    return write_ini(tmp / f"{name}.ini", sections)
+    # One instance id for both runs: the second resumes the first's in-flight lists at once.
+    return twitch_daemon_config(
+        tmp, name, twitch, redis_url=rds.url, pg_url=pg_url, instance_id="bench-dbstall",
+        with_account=with_account, sections={
+            "chat": {"flush_interval_secs": 1, "deadletter_drain_interval_secs": 2},
+            "events": {"insert_timeout_secs": INSERT_TIMEOUT, "retry_interval_secs": 2}})
 
 
 def _subscribed(twitch: TwitchStandin) -> StandinSession:

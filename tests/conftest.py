@@ -137,6 +137,18 @@ def timescale_url(pg_server: PostgresServer, pg_url: str) -> str:
     return pg_url
 
 
+@pytest.fixture(params=["postgresql", "timescaledb"])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Runs a test on both backends: a fresh database on a private plain PostgreSQL (no
+    TimescaleDB preloaded), then `timescale_url`."""
+    if request.param == "timescaledb":
+        yield request.getfixturevalue("timescale_url")
+        return
+    with PostgresServer(tmp_path / "plain", timescaledb=False) as server:
+        server.create_database("lumio")
+        yield server.url("lumio")
+
+
 @pytest.fixture(params=["uncompressed", "compressed"])
 def compress(request: pytest.FixtureRequest, pg_server: PostgresServer) -> Callable[[str], int]:
     """Runs a test twice: `compress(url)` does nothing, then compresses every chunk of

@@ -5,32 +5,18 @@ uncompressed chunks. Checked on the plan (EXPLAIN), not on a timing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg2
-import pytest
 
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.devkit.chat_rows import fill_chat
 from support import make_config
-from support.harness import PostgresServer
 
 LATEST_CHAT = "SELECT * FROM chat_messages WHERE account_id = %s ORDER BY created_at DESC LIMIT 100"
 LATEST_EVENTS = "SELECT * FROM events WHERE account_id = %s ORDER BY created_at DESC LIMIT 100"
-
-
-@pytest.fixture(params=["postgresql", "timescaledb"])
-def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh database on plain PostgreSQL, or on the session's TimescaleDB."""
-    if request.param == "timescaledb":
-        yield request.getfixturevalue("timescale_url")
-        return
-    with PostgresServer(tmp_path / "plain", timescaledb=False) as server:
-        server.create_database("lumio")
-        yield server.url("lumio")
 
 
 def plan_nodes(conn: psycopg2.extensions.connection, query: str, params: tuple[Any, ...]

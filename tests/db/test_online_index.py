@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,16 +31,6 @@ def _cfg(tmp_path: Path, url: str) -> Config:
 
 def _before_7() -> list[Migration]:
     return [m for m in packaged_migrations() if m.version < 7]
-
-
-@pytest.fixture(params=["postgresql", "timescaledb"])
-def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "timescaledb":
-        yield request.getfixturevalue("timescale_url")
-        return
-    with PostgresServer(tmp_path / "plain", timescaledb=False) as server:
-        server.create_database("lumio")
-        yield server.url("lumio")
 
 
 def _one(url: str, query: str, params: tuple[object, ...] = ()) -> object:

@@ -32,14 +32,12 @@ import pytest
 from lumio_ingestd.config import load
 from lumio_ingestd.db.migrate import migrate
 from lumio_ingestd.devkit.standins.twitch import StandinSession, TwitchStandin
-from support import dbname_of, write_ini
+from support import dbname_of
 from support.daemon import Daemon, NotifySocket, metric_value
 from support.harness import FaultProxy, FaultProxyFactory, PostgresServer
 from support.harness.servers import wait_until
-from support.traffic import AlertTimes, Traffic
-from support.twitch import write_token_file
+from support.traffic import ACCOUNT, AlertTimes, Traffic, twitch_daemon_config
 
-ACCOUNT = 42
 #: The inline insert's bound here: above libpq's 2 s connect floor, so that an insert may
 #: open a connection after the hole, and short enough to keep the test quick.
 INSERT_TIMEOUT = 2.5
@@ -56,24 +54,12 @@ FAST_MEDIAN = 0.05
 
 def _config(tmp_path: Path, name: str, twitch: TwitchStandin, *, redis_url: str, pg_url: str,
             with_account: bool = True) -> Path:
-    secret = tmp_path / "client_secret"
-    secret.write_text(twitch.client_secret + "\n")
-    token = write_token_file(tmp_path / "twitch-token.json", twitch.access_token, twitch.refresh_token)
-    sections: dict[str, dict[str, object]] = {
-        "daemon": {"state_dir": tmp_path / "state", "instance_id": "test-hole", "log_level": "info"},
-        "redis": {"url": redis_url},
-        "timescale": {"dsn": pg_url, "connect_timeout_secs": 2},
-        "http": {"listen": "127.0.0.1:0"},
-        "metrics": {"listen": "127.0.0.1:0"},
-        "chat": {"flush_interval_secs": 0.3, "deadletter_drain_interval_secs": 0.5},
-        "events": {"insert_timeout_secs": INSERT_TIMEOUT, "retry_interval_secs": 0.5},
-        "twitch": {"client_id": twitch.client_id, "client_secret_file": secret,
-                   "eventsub_ws_url": twitch.ws_url, "helix_url": twitch.helix_url,
-                   "oauth_url": twitch.oauth_url},
-    }
-    if with_account:
-        sections[f"account.{ACCOUNT}"] = {"twitch_user_id": twitch.user_id, "twitch_token_file": token}
-    path = write_ini(tmp_path / f"{name}.ini", sections)
+    path = twitch_daemon_config(
+        tmp_path, name, twitch, redis_url=redis_url, pg_url=pg_url, instance_id="test-hole",
+        with_account=with_account, sections={
+            "timescale": {"connect_timeout_secs": 2},
+            "chat": {"flush_interval_secs": 0.3, "deadletter_drain_interval_secs": 0.5},
+            "events": {"insert_timeout_secs": INSERT_TIMEOUT, "retry_interval_secs": 0.5}})
     migrate(load(str(path), {}).timescale)
     return path
 

@@ -6,8 +6,9 @@ steady rate, and keeps each message id with the monotonic time just before
 its frame was written (a chat message by its own id, a cheer by its delivery
 id, which is its `external_id`). `AlertTimes` subscribes to an account's
 alert channel on Redis and keeps when each alert arrived, by external id.
-Both clocks are this process's CLOCK_MONOTONIC. Used by the black-hole tests
-and bench/bench_dbstall.py.
+Both clocks are this process's CLOCK_MONOTONIC. `twitch_daemon_config` writes
+the configuration of a daemon with one Twitch account on the stand-in. Used
+by the black-hole tests and bench/bench_dbstall.py.
 """
 
 from __future__ import annotations
@@ -16,12 +17,45 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 
 import redis
 
 from lumio_ingestd.devkit.standins import twitch_events as te
 from lumio_ingestd.devkit.standins.twitch import StandinError, StandinSession, TwitchStandin
 from lumio_ingestd.events.alerts import alerts_channel
+from support import write_ini
+from support.twitch import write_token_file
+
+#: The account `twitch_daemon_config` configures.
+ACCOUNT = 42
+
+
+def twitch_daemon_config(tmp: Path, name: str, twitch: TwitchStandin, *, redis_url: str, pg_url: str,
+                         instance_id: str, with_account: bool = True,
+                         sections: Mapping[str, Mapping[str, object]] | None = None) -> Path:
+    """`tmp/name.ini`: a daemon on `redis_url` and `pg_url` with account `ACCOUNT` on the
+    Twitch stand-in (none with `with_account=False`: a second run that only drains);
+    `sections` adds or overrides keys per section (intervals, timeouts)."""
+    secret = tmp / "client_secret"
+    secret.write_text(twitch.client_secret + "\n")
+    token = write_token_file(tmp / f"{name}-token.json", twitch.access_token, twitch.refresh_token)
+    config: dict[str, dict[str, object]] = {
+        "daemon": {"state_dir": tmp / "state", "instance_id": instance_id, "log_level": "info"},
+        "redis": {"url": redis_url},
+        "timescale": {"dsn": pg_url},
+        "http": {"listen": "127.0.0.1:0"},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "twitch": {"client_id": twitch.client_id, "client_secret_file": secret,
+                   "eventsub_ws_url": twitch.ws_url, "helix_url": twitch.helix_url,
+                   "oauth_url": twitch.oauth_url},
+    }
+    for section, keys in (sections or {}).items():
+        config.setdefault(section, {}).update(keys)
+    if with_account:
+        config[f"account.{ACCOUNT}"] = {"twitch_user_id": twitch.user_id, "twitch_token_file": token}
+    return write_ini(tmp / f"{name}.ini", config)
 
 
 class Traffic:

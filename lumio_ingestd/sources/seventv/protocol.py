@@ -455,6 +455,17 @@ def _remember(removed: dict[str, int | None], emote_id: str, ts: int | None) -> 
         del removed[next(iter(removed))]
 
 
+def _other_addition(emote_id: str, ts: int | None, have: Entry, what: str) -> tuple[bool, str] | None:
+    """An item about another addition of the emote than the state's: (True, why) for an earlier
+    one (a repeat), (False, why) for a later one (a disagreement); None when it is about the
+    state's addition, or the times cannot tell."""
+    if ts is None or have.ts is None or ts == have.ts:
+        return None
+    if ts < have.ts:
+        return True, f"{emote_id}: {what} of an earlier addition"
+    return False, f"{emote_id}: {what} of a later addition than the set has"
+
+
 def judge_update(state: SetState, update: SetUpdate, t: int | None) -> Judged:
     """The state after a dispatch sent at `t` (its envelope time; None: unknown): pulled out,
     then pushed in, then renamed (the order in which one body's items can all hold), each item
@@ -478,11 +489,8 @@ def judge_update(state: SetState, update: SetUpdate, t: int | None) -> Judged:
                 repeats.append(f"{emote_id}: removed already")
             else:
                 disagree.append(f"{emote_id}: removal of an emote the set does not have")
-        elif ts is not None and have.ts is not None and ts != have.ts:
-            if ts < have.ts:
-                repeats.append(f"{emote_id}: removal of an earlier addition")
-            else:
-                disagree.append(f"{emote_id}: removal of a later addition than the set has")
+        elif (other := _other_addition(emote_id, ts, have, "removal")) is not None:
+            (repeats if other[0] else disagree).append(other[1])
         elif name is not None and name != have.name:
             disagree.append(f"{emote_id}: removal of {name!r}, the set has {have.name!r}")
         elif sent_before(emote_id, have):
@@ -524,11 +532,8 @@ def judge_update(state: SetState, update: SetUpdate, t: int | None) -> Judged:
                 repeats.append(f"{emote_id}: removed since")
             else:
                 disagree.append(f"{emote_id}: rename of an emote the set does not have")
-        elif ts is not None and have.ts is not None and ts != have.ts:
-            if ts < have.ts:
-                repeats.append(f"{emote_id}: rename of an earlier addition")
-            else:
-                disagree.append(f"{emote_id}: rename of a later addition than the set has")
+        elif (other := _other_addition(emote_id, ts, have, "rename")) is not None:
+            (repeats if other[0] else disagree).append(other[1])
         elif name == have.name:
             repeats.append(f"{emote_id}: named {name!r} already")
         elif old_name != have.name:
